@@ -1,0 +1,179 @@
+"""The graph IO contract: names, dtypes, shapes and axes shared by exporter, engine builder and runtime.
+
+Everything that crosses a graph boundary is named here once. The exporter traces
+with these names, the runtime binds by these names, the manifest records the
+specs built here, and ``docs/graph-contract.md`` describes them for people.
+
+Conventions (both graphs):
+- ``attention_mask`` [batch, new_tokens, past_len + new_tokens] bool, True = may
+  attend. Columns [0, past_len) address the bound cache rows, the rest the new
+  tokens. One mask over all keys serves prefill (causal), tree verification
+  (committed context visible + ancestor-or-self over the tree), batches with
+  unequal valid lengths (padding columns False), and the draft tree whose
+  earlier levels stay in the draft cache (ancestor columns only).
+- K/V cache layout [batch, rows, kv_heads, head_dim] ("BSHD"): with batch 1 the
+  valid prefix of a preallocated [1, capacity, kv_heads, head_dim] buffer is a
+  contiguous view, so the runtime binds it in place (no copy) and attention
+  cost follows the real length, not the capacity.
+- ``present_*`` outputs hold only the K/V of the new tokens; the runtime binds
+  them straight into the cache rows that follow the past.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CONTRACT_VERSION = 1
+
+# Axis names.
+BATCH = "batch"
+NEW_TOKENS = "new_tokens"
+PAST_LEN = "past_len"
+TOTAL_LEN = "total_len"  # past_len + new_tokens
+LOGIT_ROWS = "logit_rows"
+
+# Graph names (also the ONNX file stems).
+TARGET_GRAPH = "target_verify"
+DRAFT_GRAPH = "draft_step"
+
+# Inputs shared by both graphs.
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+ATTENTION_MASK = "attention_mask"
+# Target only.
+LOGIT_INDICES = "logit_indices"
+# Target outputs.
+LOGITS = "logits"
+FEATURES = "features"
+# Draft only: input feature (target feature or the draft's own fed-back hidden) and outputs.
+DRAFT_FEATURES = "features"
+TOPK_LOGPROBS = "topk_logprobs"
+TOPK_IDS = "topk_ids"
+HIDDEN = "hidden"
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
+def past_names(num_layers: int) -> list[str]:
+    """Flat [k0, v0, k1, v1, ...] order used by the traced modules' positional args."""
+    return [n for i in range(num_layers) for n in (past_key(i), past_value(i))]
+
+
+def present_names(num_layers: int) -> list[str]:
+    return [n for i in range(num_layers) for n in (present_key(i), present_value(i))]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name: "int64", "bool", "float32", "float16"
+    shape: tuple  # ints (fixed) or axis names (dynamic)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """The torch.onnx.export ``dynamic_axes`` argument for this spec."""
+        axes: dict[str, dict[int, str]] = {}
+        for t in (*self.inputs, *self.outputs):
+            dyn = {i: a for i, a in enumerate(t.shape) if isinstance(a, str)}
+            if dyn:
+                axes[t.name] = dyn
+        return axes
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+def _cache_specs(prefix_fn_k, prefix_fn_v, num_layers: int, kv_heads: int, head_dim: int, dtype: str,
+                 rows_axis: str) -> list[TensorSpec]:
+    specs = []
+    for i in range(num_layers):
+        specs.append(TensorSpec(prefix_fn_k(i), dtype, (BATCH, rows_axis, kv_heads, head_dim)))
+        specs.append(TensorSpec(prefix_fn_v(i), dtype, (BATCH, rows_axis, kv_heads, head_dim)))
+    return specs
+
+
+def _mask_inputs() -> list[TensorSpec]:
+    return [
+        TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(ATTENTION_MASK, "bool", (BATCH, NEW_TOKENS, TOTAL_LEN)),
+    ]
+
+
+def target_verify_spec(*, num_layers: int, kv_heads: int, head_dim: int, vocab_size: int,
+                       feature_dim: int, dtype: str) -> GraphSpec:
+    """Target verify graph: prefill and tree verification in one graph."""
+    inputs = [
+        *_mask_inputs(),
+        TensorSpec(LOGIT_INDICES, "int64", (BATCH, LOGIT_ROWS)),
+        *_cache_specs(past_key, past_value, num_layers, kv_heads, head_dim, dtype, PAST_LEN),
+    ]
+    outputs = [
+        TensorSpec(LOGITS, "float32", (BATCH, LOGIT_ROWS, vocab_size)),
+        TensorSpec(FEATURES, dtype, (BATCH, NEW_TOKENS, feature_dim)),
+        *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
+    ]
+    return GraphSpec(TARGET_GRAPH, tuple(inputs), tuple(outputs))
+
+
+def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, top_k: int,
+                    dtype: str) -> GraphSpec:
+    """Draft step graph: the head over [batch, new_tokens] with top-k inside the graph."""
+    inputs = [
+        TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(DRAFT_FEATURES, dtype, (BATCH, NEW_TOKENS, feature_dim)),
+        TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(ATTENTION_MASK, "bool", (BATCH, NEW_TOKENS, TOTAL_LEN)),
+        *_cache_specs(past_key, past_value, 1, kv_heads, head_dim, dtype, PAST_LEN),
+    ]
+    outputs = [
+        TensorSpec(TOPK_LOGPROBS, "float32", (BATCH, NEW_TOKENS, top_k)),
+        TensorSpec(TOPK_IDS, "int64", (BATCH, NEW_TOKENS, top_k)),
+        TensorSpec(HIDDEN, dtype, (BATCH, NEW_TOKENS, hidden_size)),
+        *_cache_specs(present_key, present_value, 1, kv_heads, head_dim, dtype, NEW_TOKENS),
+    ]
+    return GraphSpec(DRAFT_GRAPH, tuple(inputs), tuple(outputs))
+
+
+def spec_from_dict(d: dict) -> GraphSpec:
+    def t(x: dict) -> TensorSpec:
+        return TensorSpec(x["name"], x["dtype"], tuple(x["shape"]))
+
+    return GraphSpec(d["name"], tuple(t(x) for x in d["inputs"]), tuple(t(x) for x in d["outputs"]))

@@ -1,0 +1,79 @@
+"""Tree parameters of the EAGLE-2 dynamic tree: one definition, validated once.
+
+Naming follows docs/primer: ``total_tokens`` counts draft nodes only; the target
+verifies ``total_tokens + 1`` tokens (the root too). ``depth`` is the number of
+draft forwards after the context pass, so the deepest node sits at level
+``depth + 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import GenerationError
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    top_k: int = 4
+    depth: int = 3
+    total_tokens: int = 12
+
+    @property
+    def max_candidates(self) -> int:
+        """Number of draft nodes one round generates before selection."""
+        return self.top_k + self.depth * self.top_k * self.top_k
+
+    @property
+    def verify_tokens(self) -> int:
+        """Tokens the target verifies per round (root included)."""
+        return self.total_tokens + 1
+
+    def validate(self, limits: TreeLimits | None = None) -> TreeParams:
+        for name in ("top_k", "depth", "total_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise GenerationError(f"tree parameter {name} must be an integer, got {value!r}")
+        if self.top_k < 1:
+            raise GenerationError(f"top_k must be >= 1, got {self.top_k}")
+        if self.depth < 0:
+            raise GenerationError(f"depth must be >= 0, got {self.depth}")
+        if self.total_tokens < 1:
+            raise GenerationError(f"total_tokens must be >= 1, got {self.total_tokens}")
+        if self.total_tokens > self.max_candidates:
+            raise GenerationError(
+                f"total_tokens={self.total_tokens} exceeds the {self.max_candidates} draft nodes a tree with "
+                f"top_k={self.top_k}, depth={self.depth} generates (top_k + depth*top_k^2)"
+            )
+        if limits is not None:
+            limits.check(self)
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TreeLimits:
+    """Upper bounds fixed at export time (graph top-k width, scratch rows in the caches)."""
+
+    max_top_k: int = 10
+    max_depth: int = 8
+    max_total_tokens: int = 63
+
+    def check(self, params: TreeParams) -> None:
+        for name, limit in (("top_k", self.max_top_k), ("depth", self.max_depth),
+                            ("total_tokens", self.max_total_tokens)):
+            value = getattr(params, name)
+            if value > limit:
+                raise GenerationError(
+                    f"{name}={value} exceeds the artifact's limit {limit} (set at export with --max-{name.replace('_', '-')})"
+                )
+
+    @property
+    def max_draft_rows(self) -> int:
+        """Draft-cache rows one round's tree can occupy beyond the committed context."""
+        return self.max_depth * self.max_top_k
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,188 @@
+"""`eagle-export export`: trace the target verify graph and the draft step graph to ONNX, write an artifact."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from tqdm.auto import tqdm
+
+from eagle_export import __version__
+from eagle_export import contract as C
+from eagle_export.errors import CheckpointError, EagleExportError
+from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
+from eagle_export.tree_params import TreeLimits, TreeParams
+
+from .loaders import LoadedTarget, load_eagle1_head, load_target
+from .modules import DraftStep, TargetVerify
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16"}
+OPSET = 17
+
+
+@dataclass
+class ExportOptions:
+    dtype: str = "fp32"
+    max_seq_len: int = 2048
+    limits: TreeLimits = TreeLimits()
+    tree: TreeParams = TreeParams()
+    max_batch: int = 1
+    overwrite: bool = False
+
+
+def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
+    ids = torch.zeros(batch, new, dtype=torch.long)
+    pos = torch.arange(past, past + new).repeat(batch, 1)
+    mask = torch.ones(batch, new, past + new, dtype=torch.bool)
+    return ids, pos, mask
+
+
+def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path) -> None:
+    """Trace with the contract's names and axes, then store weights as external data next to the graph."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, args, str(path), dynamo=False, opset_version=OPSET,
+            input_names=spec.input_names, output_names=spec.output_names,
+            dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+        )
+    model = onnx.load(str(path))
+    data_name = path.name + ".data"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_name, size_threshold=1024)
+    onnx.checker.check_model(str(path))
+
+
+def target_info(t: LoadedTarget, feature_dim: int) -> TargetInfo:
+    c = t.config
+    heads = c.num_attention_heads
+    return TargetInfo(
+        model_type=c.model_type, architecture=type(t.model).__name__, num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size, num_heads=heads, kv_heads=c.num_key_value_heads or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
+        feature_dim=feature_dim, max_position_embeddings=c.max_position_embeddings,
+        eos_token_ids=t.eos_token_ids, bos_token_id=t.bos_token_id, source=str(t.path.resolve()),
+    )
+
+
+def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
+                    options: ExportOptions = ExportOptions(), progress: bool = True) -> Path:
+    """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
+    out_dir = Path(out_dir)
+    if options.dtype not in DTYPES:
+        raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+    options.tree.validate(options.limits)
+    if options.max_seq_len < 2:
+        raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
+    if out_dir.exists() and not options.overwrite:
+        raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")
+    dtype = DTYPES[options.dtype]
+    steps = tqdm(total=5, desc="export", disable=not progress, unit="step")
+
+    steps.set_postfix_str("loading target")
+    target = load_target(target_dir, dtype=torch.float32)
+    if options.max_seq_len > target.config.max_position_embeddings:
+        raise CheckpointError(
+            f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
+            f"{target.config.max_position_embeddings}"
+        )
+    if not target.tokenizer_files:
+        log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
+    steps.update()
+    steps.set_postfix_str("loading draft")
+    head, ckpt, dcfg = load_eagle1_head(draft_dir, target)
+    target.model.to(dtype)
+    head.to(dtype)
+    steps.update()
+
+    dtype_name = NP_DTYPE_NAMES[dtype]
+    tinfo = target_info(target, feature_dim=target.config.hidden_size)
+    dheads = dcfg.num_attention_heads
+    dinfo = DraftInfo(
+        hidden_size=dcfg.hidden_size, num_heads=dheads, kv_heads=dcfg.num_key_value_heads or dheads,
+        head_dim=getattr(dcfg, "head_dim", None) or dcfg.hidden_size // dheads,
+        feature_dim=tinfo.feature_dim, max_position_embeddings=dcfg.max_position_embeddings,
+        fc_bias="fc.bias" in ckpt.weights, own_embedding="embed_tokens.weight" in ckpt.weights,
+        source=str(Path(draft_dir).resolve()),
+    )
+    tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
+                                 vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
+    dspec = C.draft_step_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
+                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name)
+    lim = options.limits
+    seq = options.max_seq_len
+    target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, seq],
+                   C.PAST_LEN: [0, seq - 1], C.TOTAL_LEN: [1, seq + lim.max_total_tokens],
+                   C.LOGIT_ROWS: [1, lim.max_total_tokens + 1]}
+    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, seq],
+                  C.PAST_LEN: [0, seq + lim.max_draft_rows], C.TOTAL_LEN: [1, seq + lim.max_draft_rows]}
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    tmp.chmod(0o755)
+    try:
+        with torch.no_grad():
+            steps.set_postfix_str("tracing target verify graph")
+            b, t, p = 2, 3, 5
+            ids, pos, mask = _dummy_common(b, t, p)
+            rows = torch.tensor([[0, 2]] * b, dtype=torch.long)
+            past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
+                    for _ in range(2 * tinfo.num_layers)]
+            _export_graph(TargetVerify(target.model).eval(), (ids, pos, mask, rows, *past), tspec,
+                          tmp / f"{C.TARGET_GRAPH}.onnx")
+            steps.update()
+            steps.set_postfix_str("tracing draft step graph")
+            feats = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
+            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
+            _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, pos, mask, *dpast), dspec,
+                          tmp / f"{C.DRAFT_GRAPH}.onnx")
+            steps.update()
+        steps.set_postfix_str("writing tokenizer and manifest")
+        for f in target.tokenizer_files:
+            shutil.copy2(f, tmp / f.name)
+        gen_cfg = target.path / "generation_config.json"
+        if gen_cfg.is_file():
+            shutil.copy2(gen_cfg, tmp / gen_cfg.name)
+        manifest = Manifest(
+            variant="eagle1", dtype=dtype_name, max_seq_len=seq, tree_limits=lim, tree_defaults=options.tree,
+            target=tinfo, draft=dinfo,
+            graphs={
+                C.TARGET_GRAPH: GraphEntry(f"{C.TARGET_GRAPH}.onnx", tspec, target_axes),
+                C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
+            },
+            has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
+            versions=_versions(),
+        )
+        # The manifest is written last: a directory without one is never mistaken for a finished export.
+        manifest.write(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+        steps.update()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        steps.close()
+    assert (out_dir / MANIFEST_NAME).is_file()
+    return out_dir
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import transformers
+
+    return {"eagle_export": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__, "opset": str(OPSET),
+            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -1,0 +1,158 @@
+"""The PyTorch modules that are traced to ONNX, and run eagerly as the parity reference.
+
+They reuse the Hugging Face modules' weights and rotary embedding but own the
+attention: K/V come from an explicit cache in the contract's BSHD layout, keys
+are masked by one boolean mask over [past + new] columns, and the cache is
+never concatenated (scores against past and new keys are computed separately),
+so the graph does not copy the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MASK_MIN = torch.finfo(torch.float32).min
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, heads, hd]; cos/sin: [B, T, hd]."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    return x * cos + rotate_half(x) * sin
+
+
+def mask_bias(attention_mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, T, S] -> additive float32 bias [B, T, S]."""
+    zero = torch.zeros((), dtype=torch.float32)
+    return torch.where(attention_mask, zero, torch.full((), MASK_MIN, dtype=torch.float32))
+
+
+def tree_attention(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   bias: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor):
+    """Attention of T new tokens over [past rows | new rows] with an explicit mask.
+
+    attn: a Hugging Face attention module (q/k/v/o projections, optional q_norm/k_norm).
+    Returns (output [B, T, H_out], new K [B, T, nKV, hd], new V [B, T, nKV, hd]).
+    """
+    bsz, seq = x.shape[0], x.shape[1]
+    hd = attn.head_dim
+    q = attn.q_proj(x).view(bsz, seq, -1, hd)
+    k = attn.k_proj(x).view(bsz, seq, -1, hd)
+    v = attn.v_proj(x).view(bsz, seq, -1, hd)
+    if getattr(attn, "q_norm", None) is not None:
+        q = attn.q_norm(q)
+        k = attn.k_norm(k)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    n_heads, n_kv = q.shape[2], k.shape[2]
+    group = n_heads // n_kv
+    # Group query heads by their KV head: [B, nKV, group*T, hd]; no K/V repeat.
+    qg = q.view(bsz, seq, n_kv, group, hd).permute(0, 2, 3, 1, 4).reshape(bsz, n_kv, group * seq, hd)
+    s_past = torch.matmul(qg, past_k.permute(0, 2, 3, 1))
+    s_new = torch.matmul(qg, k.permute(0, 2, 3, 1))
+    scores = torch.cat((s_past, s_new), dim=-1).float() * attn.scaling
+    total = scores.shape[-1]
+    scores = scores.view(bsz, n_kv, group, seq, total) + bias[:, None, None]
+    probs = torch.softmax(scores, dim=-1).to(x.dtype).view(bsz, n_kv, group * seq, total)
+    past_len = past_k.shape[1]
+    out = torch.matmul(probs[..., :past_len], past_v.permute(0, 2, 1, 3))
+    out = out + torch.matmul(probs[..., past_len:], v.permute(0, 2, 1, 3))
+    out = out.view(bsz, n_kv, group, seq, hd).permute(0, 3, 1, 2, 4).reshape(bsz, seq, n_heads * hd)
+    return attn.o_proj(out), k, v
+
+
+class TargetVerify(nn.Module):
+    """Target forward over T new tokens: logits for the requested rows, draft features, new K/V.
+
+    feature_layers=None gives the last hidden state after the final norm (EAGLE-1/2);
+    a list of layer indices gives the concatenated inputs of those decoder layers (EAGLE-3).
+    """
+
+    def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None):
+        super().__init__()
+        base = causal_lm.model
+        self.embed_tokens = base.embed_tokens
+        self.layers = base.layers
+        self.norm = base.norm
+        self.rotary_emb = base.rotary_emb
+        self.lm_head = causal_lm.lm_head
+        self.feature_layers = list(feature_layers) if feature_layers is not None else None
+
+    def forward(self, input_ids, position_ids, attention_mask, logit_indices, *past):
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(h, position_ids)
+        bias = mask_bias(attention_mask)
+        presents = []
+        taps = []
+        for i, layer in enumerate(self.layers):
+            if self.feature_layers is not None and i in self.feature_layers:
+                taps.append(h)
+            a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, bias,
+                                     past[2 * i], past[2 * i + 1])
+            h = h + a
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            presents += [k, v]
+        normed = self.norm(h)
+        if self.feature_layers is None:
+            feats = normed
+        else:
+            feats = torch.cat([taps[self.feature_layers.index(i)] for i in sorted(self.feature_layers)], -1)
+        rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
+        logits = self.lm_head(rows).float()
+        return (logits, feats, *presents)
+
+
+class Eagle1Head(nn.Module):
+    """EAGLE-1/2 head: fc(concat[embed(x), f]) then one decoder layer without input norm.
+
+    Holds its weights under the published names once loaded with ``load_published``.
+    The embedding and lm_head are the target's unless the checkpoint brings its own embedding.
+    """
+
+    def __init__(self, config, fc_bias: bool, embed_tokens: nn.Embedding, lm_head: nn.Module):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList([layer])
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+
+    def forward_hidden(self, input_ids, features, position_ids, attention_mask, past_k, past_v):
+        """Returns (hidden [B, T, H], new K, new V)."""
+        emb = self.embed_tokens(input_ids).to(features.dtype)
+        x = self.fc(torch.cat((emb, features), dim=-1))
+        cos, sin = self.rotary_emb(x, position_ids)
+        layer = self.layers[0]
+        a, k, v = tree_attention(layer.self_attn, x, cos, sin, mask_bias(attention_mask), past_k, past_v)
+        h = x + a
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return h, k, v
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+class DraftStep(nn.Module):
+    """Draft step graph: head forward + log-softmax + top-k inside the graph."""
+
+    def __init__(self, head: Eagle1Head, top_k: int):
+        super().__init__()
+        self.head = head
+        self.top_k = top_k
+
+    def forward(self, input_ids, features, position_ids, attention_mask, past_k, past_v):
+        h, k, v = self.head.forward_hidden(input_ids, features, position_ids, attention_mask, past_k, past_v)
+        logp = torch.log_softmax(self.head.logits(h), dim=-1)
+        vals, ids = torch.topk(logp, self.top_k, dim=-1)
+        return vals, ids, h, k, v

@@ -1,0 +1,6 @@
+"""Runtime: backends, the EAGLE loop and the embedding API."""
+
+from .api import EagleRuntime, GenerationStream
+from .generator import GenerationResult, GenerationStats
+
+__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats"]

@@ -1,0 +1,108 @@
+"""The embedding API: open an artifact directory once, generate many times, stream committed tokens.
+
+    from eagle_export.runtime import EagleRuntime
+    rt = EagleRuntime.open("artifacts/tiny")
+    print(rt.generate("Hello", max_new_tokens=32).text)
+    stream = rt.stream(prompt_ids=[1, 2, 3], max_new_tokens=32)
+    for tokens in stream:          # lists of token ids, as each round commits them
+        ...
+    print(stream.result.stats.tau)
+
+One runtime object owns one set of preallocated buffers, so generations on it run one at a
+time: concurrent calls from several threads are serialised by a lock (open one runtime per
+thread to run them in parallel).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from eagle_export.errors import GenerationError
+from eagle_export.manifest import Manifest, load_manifest
+from eagle_export.tree_params import TreeParams
+
+from .generator import GenerationResult, Generator
+
+log = logging.getLogger(__name__)
+BACKENDS = ("ort",)
+
+
+class GenerationStream:
+    """Iterate to receive token lists as they are committed; ``result`` is set once iteration ends."""
+
+    def __init__(self, runtime: EagleRuntime, gen, lock: threading.Lock):
+        self._rt, self._gen, self._lock = runtime, gen, lock
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        with self._lock:
+            try:
+                while True:
+                    yield next(self._gen)
+            except StopIteration as stop:
+                self.result = stop.value
+                if self.result is not None:
+                    self.result.text = self._rt.decode(self.result.tokens)
+
+
+class EagleRuntime:
+    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None):
+        self.directory = directory
+        self.manifest = manifest
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.generator = Generator(manifest, backend)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None) -> EagleRuntime:
+        """Check the manifest, load the graphs on the backend and allocate every buffer once."""
+        directory = Path(directory)
+        manifest = load_manifest(directory)
+        if backend == "ort":
+            from .ort_backend import OrtBackend
+
+            be = OrtBackend(directory, manifest, providers)
+        else:
+            raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+        tokenizer = None
+        if manifest.has_tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        return cls(directory, manifest, be, tokenizer)
+
+    # ---- text <-> ids ------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise GenerationError(
+                f"{self.directory} has no tokenizer (the target had none at export): pass token ids instead"
+            )
+        if not text:
+            raise GenerationError("the prompt is empty: give at least one token")
+        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        return list(ids)
+
+    def decode(self, tokens: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # ---- generation --------------------------------------------------------------------------
+    def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
+               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True) -> GenerationStream:
+        if (prompt is None) == (prompt_ids is None):
+            raise GenerationError("give exactly one of prompt (text) or prompt_ids")
+        ids = self.encode(prompt) if prompt is not None else prompt_ids
+        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos)
+        return GenerationStream(self, gen, self._lock)
+
+    def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result

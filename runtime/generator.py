@@ -1,0 +1,261 @@
+"""The EAGLE loop: prefill, draft tree, one target verify per round, greedy acceptance, KV commit.
+
+Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with tensors it
+allocated once (caches, output scratch, mask scratch), so ONNX Runtime and TensorRT share it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator as PyGenerator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from eagle_export import contract as C
+from eagle_export.errors import GenerationError
+from eagle_export.manifest import Manifest
+from eagle_export.tree_params import TreeParams
+
+from .accept import accept_greedy
+from .kv_cache import KVCache
+from .tree import TreeGrower
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+FINISH_REASONS = ("eos", "length", "capacity")
+
+
+@dataclass
+class GenerationStats:
+    rounds: int = 0  # target forwards after prefill (verify rounds, or decode steps with no draft)
+    accept_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per round
+    draft_forwards: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per target forward, bonus token included."""
+        if not self.rounds:
+            return 0.0
+        return (sum(self.accept_lengths) + self.rounds) / self.rounds
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
+                "draft_forwards": self.draft_forwards, "prefill_s": self.prefill_s, "decode_s": self.decode_s}
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    finish_reason: str
+    stats: GenerationStats
+    prompt_len: int
+    text: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_len, "stats": self.stats.to_dict()}
+
+
+class Generator:
+    """Owns every buffer of one decoding session (allocated here, once) and runs generations on them."""
+
+    def __init__(self, manifest: Manifest, backend, prefill_chunk: int = 256):
+        self.m = manifest
+        self.backend = backend
+        dev = backend.device
+        dtype = TORCH_DTYPES[manifest.dtype]
+        t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
+        self.capacity = manifest.max_seq_len
+        self.chunk = max(1, min(prefill_chunk, self.capacity))
+        verify_rows = lim.max_total_tokens + 1
+        # Target cache: committed rows stay < capacity; a verify writes up to verify_rows more.
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype, dev)
+        # Draft cache: committed context + every frontier row of one round's tree.
+        self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_depth + 2,
+                              dtype, dev)
+        t_rows = max(self.chunk, verify_rows)
+        d_rows = max(self.chunk, lim.max_top_k, lim.max_depth + 2)
+        self.logits = torch.zeros(1, verify_rows, t.vocab_size, dtype=torch.float32, device=dev)
+        self.tfeats = torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev)
+        self.dvals = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.float32, device=dev)
+        self.dids = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.int64, device=dev)
+        self.dhidden = torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev)
+        self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)
+        mask_elems = max(t_rows * (self.tcache.capacity + t_rows), d_rows * (self.dcache.capacity + d_rows))
+        self._mask = np.zeros(mask_elems, dtype=np.bool_)
+        self.eos = set(t.eos_token_ids)
+        self.vocab = t.vocab_size
+
+    # ---- graph calls -------------------------------------------------------------------------
+    def _mask_view(self, new: int, past: int) -> np.ndarray:
+        return self._mask[: new * (past + new)].reshape(1, new, past + new)
+
+    def _causal_mask(self, new: int, past: int) -> np.ndarray:
+        mask = self._mask_view(new, past)
+        mask[0, :, :past] = True
+        mask[0, :, past:] = np.tri(new, dtype=np.bool_)
+        return mask
+
+    def _run_target(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, rows: np.ndarray,
+                    past: int) -> None:
+        n = ids.shape[1]
+        r = rows.shape[1]
+        inputs = {C.INPUT_IDS: ids, C.POSITION_IDS: pos, C.ATTENTION_MASK: mask, C.LOGIT_INDICES: rows}
+        inputs.update(zip(C.past_names(self.m.target.num_layers), self.tcache.past(past), strict=True))
+        outputs = {C.LOGITS: self.logits[:, :r], C.FEATURES: self.tfeats[:, :n]}
+        outputs.update(zip(C.present_names(self.m.target.num_layers), self.tcache.rows(past, n), strict=True))
+        self.backend.run(C.TARGET_GRAPH, inputs, outputs)
+
+    def _run_draft(self, ids: np.ndarray, feats: torch.Tensor, pos: np.ndarray, mask: np.ndarray,
+                   past: int) -> None:
+        n = ids.shape[1]
+        inputs = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: feats, C.POSITION_IDS: pos, C.ATTENTION_MASK: mask}
+        inputs.update(zip(C.past_names(1), self.dcache.past(past), strict=True))
+        outputs = {C.TOPK_LOGPROBS: self.dvals[:, :n], C.TOPK_IDS: self.dids[:, :n], C.HIDDEN: self.dhidden[:, :n]}
+        outputs.update(zip(C.present_names(1), self.dcache.rows(past, n), strict=True))
+        self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
+        self.stats.draft_forwards += 1
+        self._last_row = n - 1
+
+    def _draft_context(self, tokens: np.ndarray, feats: torch.Tensor, start: int) -> None:
+        """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..)."""
+        n = len(tokens)
+        self.dfeats_in[:, :n].copy_(feats)
+        self._run_draft(tokens.reshape(1, n), self.dfeats_in[:, :n],
+                        np.arange(start, start + n, dtype=np.int64).reshape(1, n), self._causal_mask(n, start), start)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids) -> np.ndarray:
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise GenerationError("the prompt is empty: give at least one token")
+        bad = ids[(ids < 0) | (ids >= self.vocab)]
+        if bad.size:
+            raise GenerationError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {self.vocab})")
+        if ids.size > self.capacity:
+            raise GenerationError(
+                f"the prompt has {ids.size} tokens, more than the artifact's capacity (--max-seq-len) of "
+                f"{self.capacity}"
+            )
+        return ids
+
+    def run(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
+            stop_on_eos: bool = True) -> PyGenerator[list[int], None, GenerationResult]:
+        """Yield committed tokens as they are accepted; return the GenerationResult."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        tree = (tree or self.m.tree_defaults).validate(self.m.tree_limits)
+        ids = self.check_prompt(prompt_ids)
+        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos)
+
+    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool):
+        self.stats = stats = GenerationStats()
+        n = len(prompt)
+        out: list[int] = []
+        room = self.capacity - n  # tokens that still fit in the sequence
+        if room <= 0:
+            return GenerationResult(out, "capacity", stats, n)
+
+        def emit(new: list[int]) -> tuple[list[int], str | None]:
+            """Append tokens up to EOS / max_new / capacity; say why generation ends, if it does."""
+            reason = None
+            if stop_on_eos:
+                for i, tok in enumerate(new):
+                    if tok in self.eos:
+                        new, reason = new[: i + 1], "eos"
+                        break
+            remaining = min(max_new, room) - len(out)
+            if len(new) > remaining or (reason is None and len(new) == remaining):
+                new = new[:remaining]
+                reason = "length" if max_new <= room else "capacity"
+            out.extend(new)
+            return new, reason
+
+        # Prefill in chunks; the draft context for each chunk follows as soon as its next tokens are known.
+        t0 = time.perf_counter()
+        root = -1
+        for s in range(0, n, self.chunk):
+            e = min(n, s + self.chunk)
+            c = e - s
+            last = e == n
+            rows = np.array([[c - 1]], dtype=np.int64)
+            self._run_target(prompt[s:e].reshape(1, c), np.arange(s, e, dtype=np.int64).reshape(1, c),
+                             self._causal_mask(c, s), rows, s)
+            if last:
+                root = int(self.logits[0, 0].argmax())
+            if use_draft:
+                nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
+                self._draft_context(nxt.astype(np.int64), self.tfeats[:, :c], s)
+        stats.prefill_s = time.perf_counter() - t0
+        L = n  # committed target cache rows
+        new, reason = emit([root])
+        yield new
+        t1 = time.perf_counter()
+        try:
+            if reason is not None:
+                return GenerationResult(out, reason, stats, n)
+            if not use_draft:
+                one = np.ones((1, 1), dtype=np.int64)
+                zero = np.zeros((1, 1), dtype=np.int64)
+                while True:
+                    mask = self._mask_view(1, L)
+                    mask[...] = True
+                    self._run_target(one * root, one * L, mask, zero, L)
+                    stats.rounds += 1
+                    stats.accept_lengths.append(0)
+                    L += 1
+                    root = int(self.logits[0, 0].argmax())
+                    new, reason = emit([root])
+                    yield new
+                    if reason is not None:
+                        return GenerationResult(out, reason, stats, n)
+
+            grower = TreeGrower(tree)
+            k = tree.top_k
+            while True:
+                # Grow the tree. The last context row's top-k are the root's children.
+                grower.reset()
+                ctx = self._last_row  # the context pass's last row predicts the root's children
+                frontier = grower.add_root_children(self.dvals[0, ctx].numpy(), self.dids[0, ctx].numpy())
+                Ld = L  # draft committed rows equal target committed rows
+                for level in range(1, tree.depth + 1):
+                    fed = frontier.fed
+                    past = Ld + fed
+                    src = self.dhidden[0, torch.from_numpy(frontier.parent_rows + (ctx if level == 1 else 0))]
+                    self.dfeats_in[0, :k].copy_(src)
+                    mask = self._mask_view(k, past)
+                    mask[0, :, :Ld] = True
+                    mask[0, :, Ld:] = frontier.tree_mask
+                    self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :k],
+                                    np.full((1, k), Ld + level - 1, dtype=np.int64), mask, past)
+                    frontier = grower.add_children(self.dvals[0, :k].numpy(), self.dids[0, :k].numpy())
+                vt = grower.select(tree.total_tokens, root)
+                T = vt.num_nodes
+                # Verify the whole tree in one target forward.
+                mask = self._mask_view(T, L)
+                mask[0, :, :L] = True
+                mask[0, :, L:] = vt.mask
+                self._run_target(vt.tokens.reshape(1, T), (vt.depths + L).reshape(1, T), mask,
+                                 np.arange(T, dtype=np.int64).reshape(1, T), L)
+                stats.rounds += 1
+                argmax = self.logits[0, :T].argmax(-1).numpy()
+                acc = accept_greedy(vt, argmax)
+                stats.accept_lengths.append(int(acc.num_accepted))
+                m = len(acc.indices)
+                self.tcache.commit(L, acc.indices)
+                tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
+                new, reason = emit(tokens)
+                if new:
+                    yield new
+                if reason is not None:
+                    return GenerationResult(out, reason, stats, n)
+                # Draft context for the committed rows: (feature of root/accepted node, next token).
+                feats = self.tfeats[0, torch.from_numpy(acc.indices)].unsqueeze(0)
+                self._draft_context(np.asarray(tokens, dtype=np.int64), feats, L)
+                L += m
+                root = tokens[-1]
+        finally:
+            stats.decode_s = time.perf_counter() - t1

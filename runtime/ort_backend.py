@@ -1,0 +1,76 @@
+"""ONNX Runtime backend: one session per graph, every input and output bound in place with IO binding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from eagle_export.errors import ManifestError
+from eagle_export.manifest import Manifest
+
+TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+
+
+def _ptr_and_type(x: torch.Tensor | np.ndarray):
+    if isinstance(x, torch.Tensor):
+        if not x.is_contiguous():
+            raise ValueError("bound tensors must be contiguous")
+        dev = "cuda" if x.is_cuda else "cpu"
+        return x.data_ptr(), TORCH_TO_NP[x.dtype], tuple(x.shape), dev, (x.device.index or 0)
+    if not x.flags.c_contiguous:
+        raise ValueError("bound arrays must be contiguous")
+    return x.ctypes.data, x.dtype.type, x.shape, "cpu", 0
+
+
+class OrtGraph:
+    """One graph, one session, one IO binding reused for every call."""
+
+    def __init__(self, path: Path, providers: list[str]):
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception as e:
+            raise ManifestError(f"could not load graph {path}: {e}") from e
+        self.binding = self.session.io_binding()
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.output_names = {o.name for o in self.session.get_outputs()}
+
+    def run(self, inputs: dict, outputs: dict) -> None:
+        """Bind every input and output by address (no copy) and run."""
+        b = self.binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        for name, x in inputs.items():
+            ptr, typ, shape, dev, idx = _ptr_and_type(x)
+            b.bind_input(name, dev, idx, typ, shape, ptr)
+        for name, x in outputs.items():
+            ptr, typ, shape, dev, idx = _ptr_and_type(x)
+            b.bind_output(name, dev, idx, typ, shape, ptr)
+        self.session.run_with_iobinding(b)
+
+
+class OrtBackend:
+    """Target and draft graphs on ONNX Runtime: CPU, or the CUDA provider when it and a CUDA torch exist."""
+
+    name = "ort"
+
+    def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None):
+        available = ort.get_available_providers()
+        if providers is None:
+            use_cuda = "CUDAExecutionProvider" in available and torch.cuda.is_available()
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
+        self.providers = providers
+        self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+        self.graphs = {name: OrtGraph(Path(directory) / g.file, providers) for name, g in manifest.graphs.items()}
+        for name, g in manifest.graphs.items():
+            session = self.graphs[name]
+            if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
+                raise ManifestError(f"graph {g.file} does not have the inputs/outputs its manifest lists: re-export")
+
+    def run(self, graph: str, inputs: dict, outputs: dict) -> None:
+        self.graphs[graph].run(inputs, outputs)

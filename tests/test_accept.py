@@ -1,0 +1,114 @@
+"""Greedy acceptance: hand-built trees with known answers, then a brute-force check over all
+root-to-leaf paths of grown trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_tree import ROOT, grow, grow_hand_tree, grown_trees
+
+from eagle_export.runtime.accept import accept_greedy
+from eagle_export.runtime.tree import VerifyTree
+
+
+@pytest.fixture
+def tree() -> VerifyTree:
+    """Tree order: 0 root, 1:10(p0), 2:11(p0), 3:20(p1), 4:22(p2), 5:30(p4), 6:32(p3)."""
+    g, _ = grow_hand_tree()
+    t = g.select(6, ROOT)
+    np.testing.assert_array_equal(t.tokens, [ROOT, 10, 11, 20, 22, 30, 32])
+    np.testing.assert_array_equal(t.parents, [-1, 0, 0, 1, 2, 4, 3])
+    return t
+
+
+def argmax_for(tree: VerifyTree, **at: int) -> np.ndarray:
+    """Target argmax per node; nodes not named get a token no child carries."""
+    out = np.full(tree.num_nodes, 1000, dtype=np.int64)
+    for name, tok in at.items():
+        out[int(name[1:])] = tok
+    return out
+
+
+def check(acc, indices, tokens, bonus) -> None:
+    np.testing.assert_array_equal(acc.indices, indices)
+    np.testing.assert_array_equal(acc.tokens, tokens)
+    assert acc.indices.dtype == np.int64 and acc.tokens.dtype == np.int64
+    assert acc.bonus == bonus and isinstance(acc.bonus, int)
+    assert acc.num_accepted == len(tokens)
+
+
+def test_full_path_through_second_child(tree):
+    # root's second child (11), then its only child, down to a leaf: all 3 accepted + bonus
+    acc = accept_greedy(tree, argmax_for(tree, n0=11, n2=22, n4=30, n5=77))
+    check(acc, [0, 2, 4, 5], [11, 22, 30], 77)
+
+
+def test_full_path_first_branch(tree):
+    check(accept_greedy(tree, argmax_for(tree, n0=10, n1=20, n3=32, n6=5)), [0, 1, 3, 6], [10, 20, 32], 5)
+
+
+def test_reject_at_root_gives_bonus_only(tree):
+    check(accept_greedy(tree, argmax_for(tree, n0=55, n1=20)), [0], [], 55)
+
+
+def test_partial_path(tree):
+    # 10 and 20 accepted, the target wants 99 after 20 but the only child there is 32
+    check(accept_greedy(tree, argmax_for(tree, n0=10, n1=20, n3=99)), [0, 1, 3], [10, 20], 99)
+
+
+def test_argmax_off_path_is_ignored(tree):
+    # node 2's argmax would match its child, but the walk never reaches node 2
+    check(accept_greedy(tree, argmax_for(tree, n0=10, n1=44, n2=22)), [0, 1], [10], 44)
+
+
+def test_root_only_tree_and_bad_shape():
+    t = VerifyTree.from_parents(np.array([5]), np.array([-1]))
+    check(accept_greedy(t, np.array([9])), [0], [], 9)
+    with pytest.raises(ValueError):
+        accept_greedy(t, np.array([9, 9]))
+
+
+def all_paths(tree: VerifyTree) -> list[list[int]]:
+    """Every root-to-leaf path, found by walking each leaf's parent chain."""
+    paths = []
+    for leaf in range(tree.num_nodes):
+        if np.any(tree.parents == leaf):
+            continue
+        path, j = [], leaf
+        while j >= 0:
+            path.append(j)
+            j = int(tree.parents[j])
+        paths.append(path[::-1])
+    return paths
+
+
+@settings(max_examples=100, deadline=None)
+@given(grown_trees(), st.data())
+def test_accept_matches_brute_force_over_paths(case, data):
+    params, levels = case
+    g, _ = grow(params, levels)
+    tree = g.select(params.total_tokens, ROOT)
+    # Bias the target toward some child's token so long accepted paths are common.
+    target = np.empty(tree.num_nodes, dtype=np.int64)
+    for i in range(tree.num_nodes):
+        options = tree.tokens[tree.children_of(i)].tolist() + [100]
+        target[i] = data.draw(st.sampled_from(options))
+    acc = accept_greedy(tree, target)
+
+    assert acc.indices[0] == 0
+    for a, b in zip(acc.indices[:-1], acc.indices[1:], strict=True):
+        assert tree.parents[b] == a  # a root-started path
+    np.testing.assert_array_equal(acc.tokens, tree.tokens[acc.indices[1:]])
+
+    best: list[int] = [0]
+    for path in all_paths(tree):
+        n = 1
+        while n < len(path) and tree.tokens[path[n]] == target[path[n - 1]]:
+            n += 1
+        if n > len(best):
+            best = path[:n]
+    np.testing.assert_array_equal(acc.indices, best)
+    np.testing.assert_array_equal(acc.tokens, tree.tokens[best[1:]])
+    assert acc.bonus == target[best[-1]]

@@ -1,0 +1,501 @@
+"""Tiny random models for tests and demos: a Llama target, an EAGLE-1/2 draft head, a BPE tokenizer.
+
+Everything is deterministic for a given seed (weights via a seeded torch RNG, the tokenizer via a
+fixed built-in corpus). Weights use a large init scale (``initializer_range`` 0.2 by default) so
+greedy decisions have clear margins instead of the near-ties that the default 0.02 init produces.
+
+CLI::
+
+    python -m eagle_export.tools.tiny_models --out DIR [--preset mha] [--seed 0] [--fc-bias/--no-fc-bias]
+
+writes DIR/target (HF Llama + tokenizer) and DIR/draft (EAGLE-1/2 head in the published layout).
+
+Note on transformers 5.x: rope settings live in ``rope_parameters`` (with ``rope_theta`` inside);
+legacy ``rope_theta`` / ``rope_scaling`` kwargs are still accepted and converted, but the saved
+target config.json only has ``rope_parameters``. The draft config.json carries the legacy
+top-level ``rope_theta`` / ``rope_scaling`` keys (as published EAGLE heads do) plus ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+import torch
+
+__all__ = [
+    "TARGET_PRESETS",
+    "TINY_CORPUS",
+    "make_tiny_tokenizer",
+    "make_tiny_target",
+    "make_tiny_draft",
+    "make_pair",
+    "draft_weight_shapes",
+]
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2 (Llama order)
+
+_BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
+
+
+def _preset(**delta: Any) -> dict[str, Any]:
+    out = copy.deepcopy(_BASE)
+    out.update(delta)
+    return out
+
+
+#: name -> LlamaConfig kwargs (transformers 5.x spelling: rope settings in ``rope_parameters``).
+TARGET_PRESETS: dict[str, dict[str, Any]] = {
+    "mha": _preset(),
+    "gqa": _preset(num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=3),
+    "tied": _preset(tie_word_embeddings=True),
+    "headdim": _preset(head_dim=24),
+    "llama3rope": _preset(
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    ),
+}
+
+# Fixed training text for the tokenizer (built in, so the vocab is identical on every run and
+# every Python version).
+TINY_CORPUS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all day long.",
+    "Speculative decoding uses a small draft model to propose tokens that a large target model "
+    "verifies in a single forward pass.",
+    "A draft head reads the hidden state of the target and the next token, then predicts the "
+    "next feature of the sequence.",
+    "In a dynamic tree, the most likely candidates are expanded first, and the tree is pruned "
+    "to a fixed number of tokens before verification.",
+    "Once upon a time there was a little robot who liked to count numbers: one, two, three, "
+    "four, five, six, seven, eight, nine, ten.",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "for i in range(10):\n    if i % 2 == 0:\n        print(i, 'is even')\n    else:\n        "
+    "print(i, 'is odd')\n",
+    "The weather today is sunny with a light breeze from the west. Tomorrow it may rain in the "
+    "afternoon and evening.",
+    "Water boils at 100 degrees Celsius at sea level, and freezes at 0 degrees. The ocean covers "
+    "most of the planet.",
+    "She opened the window, looked at the mountains, and wrote a letter to her brother about the "
+    "long summer.",
+    "Question: What is the capital of France? Answer: The capital of France is Paris.",
+    "Question: How many legs does a spider have? Answer: A spider has eight legs.",
+    "User: Tell me a short story about a cat.\nAssistant: A small cat found a warm box and "
+    "decided it was the best home in the world.",
+    "Attention is computed from queries, keys and values; rotary position embeddings rotate the "
+    "queries and keys by an angle that depends on the position.",
+    "The model accepts a token when the draft agrees with the target, and otherwise it samples a "
+    "correction and starts a new round.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 32 64 128 256 512 1024 2048.",
+    "Punctuation and symbols: ( ) [ ] { } < > = + - * / % & | ^ ~ ! ? , . ; : ' \" # @ $ _ \\ `",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz",
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "
+    "age of foolishness.",
+    "The library opens at nine in the morning and closes at six in the evening, except on "
+    "Sundays when it is closed.",
+    "To make tea, boil the water, put the leaves in the pot, pour the water, and wait three "
+    "minutes before drinking.",
+    "import torch\nx = torch.zeros(4, 8)\ny = x.sum(dim=-1)\n",
+    "The train left the station at noon and arrived in the city two hours later, just as the "
+    "lights were coming on.",
+    "Every student in the class wrote a poem about the sea, the stars, or the forest near the school.",
+)
+
+
+def _corpus_iter() -> list[str]:
+    # A few passes so merge counts are not all ties; order is fixed.
+    return [line for _ in range(4) for line in TINY_CORPUS]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_tokenizer(vocab_size: int, full_byte_alphabet: bool | None):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    if full_byte_alphabet is None:
+        full_byte_alphabet = vocab_size >= 320
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    if full_byte_alphabet:
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        # printable ASCII + \t \n as byte-level chars; other bytes map to <unk>.
+        alphabet = sorted({_BYTE_TO_CHAR[b] for b in [9, 10, *range(32, 127)]})
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=sorted(alphabet),
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus_iter(), trainer)
+    bos_id = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+    )
+    return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2 byte -> printable char table (what the ByteLevel pre-tokenizer uses).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs], strict=True))
+
+
+_BYTE_TO_CHAR = _bytes_to_unicode()
+
+
+def make_tiny_tokenizer(
+    out_dir: str | Path, vocab_size: int = 256, *, full_byte_alphabet: bool | None = None
+):
+    """Train a byte-level BPE on the built-in corpus and save it (PreTrainedTokenizerFast) to out_dir.
+
+    Special tokens: <unk>=0, <s>=1 (bos, prepended on encode), </s>=2 (eos).
+    ``full_byte_alphabet``: all 256 bytes in the base vocab (lossless for any text); default is
+    True only when vocab_size >= 320, because 256 bytes + 3 specials do not fit in 256. With the
+    restricted alphabet (printable ASCII, tab, newline) other bytes encode as <unk>.
+    Returns the transformers tokenizer; len(tokenizer) == vocab_size when the corpus allows.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = _build_tokenizer(vocab_size, full_byte_alphabet)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    hf_tok.save_pretrained(out_dir)
+    return hf_tok
+
+
+# ---------------------------------------------------------------------------------------------
+# Target
+# ---------------------------------------------------------------------------------------------
+
+
+def make_tiny_target(
+    out_dir: str | Path,
+    preset: str | None = "mha",
+    *,
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    initializer_range: float = 0.2,
+    eos_token_id: int | None = None,
+    **overrides: Any,
+) -> Path:
+    """Make a random fp32 HF Llama target in out_dir (config.json, model.safetensors, tokenizer).
+
+    ``preset``: a TARGET_PRESETS name (None = the "mha" base); ``overrides``: extra/replacement
+    LlamaConfig kwargs (e.g. num_hidden_layers=1, head_dim=32, rope_parameters={...}).
+    With a tokenizer, vocab_size is len(tokenizer) (the tokenizer is trained to the requested
+    vocab_size), bos/eos come from it. ``eos_token_id`` overrides the eos in config and
+    generation_config (e.g. an id the model never emits, so generate runs to max_new_tokens).
+    """
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if preset is None:
+        preset = "mha"
+    if preset not in TARGET_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(TARGET_PRESETS)}")
+    kw = copy.deepcopy(TARGET_PRESETS[preset])
+    kw.update(copy.deepcopy(overrides))
+    kw["initializer_range"] = initializer_range
+
+    bos_id, eos_id = 1, 2
+    if with_tokenizer:
+        tok = make_tiny_tokenizer(out_dir, vocab_size=int(kw["vocab_size"]))
+        kw["vocab_size"] = len(tok)
+        bos_id, eos_id = tok.bos_token_id, tok.eos_token_id
+    if eos_token_id is not None:
+        eos_id = int(eos_token_id)
+    kw.setdefault("bos_token_id", bos_id)
+    kw.setdefault("eos_token_id", eos_id)
+    kw.setdefault("pad_token_id", None)
+
+    config = LlamaConfig(**kw)
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = torch.float32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.eos_token_id,
+        do_sample=False,
+    )
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a 100 KB model
+    try:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Draft (EAGLE-1/2 head)
+# ---------------------------------------------------------------------------------------------
+
+_DRAFT_FROM_TARGET = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "vocab_size",
+    "head_dim",
+    "hidden_act",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
+def _rope_parameters(tcfg: dict[str, Any]) -> dict[str, Any]:
+    rp = tcfg.get("rope_parameters")
+    if rp:
+        return dict(rp)
+    rp = dict(tcfg.get("rope_scaling") or {"rope_type": "default"})
+    if "type" in rp and "rope_type" not in rp:
+        rp["rope_type"] = rp.pop("type")
+    rp.setdefault("rope_theta", float(tcfg.get("rope_theta", 10000.0)))
+    return rp
+
+
+def draft_weight_shapes(config: dict[str, Any], *, fc_bias: bool, own_embedding: bool) -> dict[str, tuple]:
+    """Expected EAGLE-1/2 head tensor names -> shapes for a draft config.json dict."""
+    H = int(config["hidden_size"])
+    nH = int(config["num_attention_heads"])
+    nKV = int(config.get("num_key_value_heads") or nH)
+    hd = int(config.get("head_dim") or H // nH)
+    inter = int(config["intermediate_size"])
+    V = int(config["vocab_size"])
+    shapes: dict[str, tuple] = {"fc.weight": (H, 2 * H)}
+    if fc_bias:
+        shapes["fc.bias"] = (H,)
+    p = "layers.0."
+    shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
+    shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
+    shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
+    shapes[p + "self_attn.o_proj.weight"] = (H, nH * hd)
+    shapes[p + "mlp.gate_proj.weight"] = (inter, H)
+    shapes[p + "mlp.up_proj.weight"] = (inter, H)
+    shapes[p + "mlp.down_proj.weight"] = (H, inter)
+    shapes[p + "post_attention_layernorm.weight"] = (H,)
+    if own_embedding:
+        shapes["embed_tokens.weight"] = (V, H)
+    return shapes
+
+
+def make_tiny_draft(
+    out_dir: str | Path,
+    target_dir: str | Path,
+    *,
+    seed: int = 0,
+    fc_bias: bool = True,
+    own_embedding: bool | Literal["random", "copy"] = False,
+    weights_format: Literal["safetensors", "bin"] = "safetensors",
+    init_scale: float = 0.1,
+    norm_noise: float = 0.05,
+    **config_overrides: Any,
+) -> Path:
+    """Make a random EAGLE-1/2 head for the target in target_dir, in the published layout.
+
+    config.json: Llama-style, num_hidden_layers 1, dims/rope/vocab copied from the target
+    (``config_overrides`` replace any key, e.g. intermediate_size=96), plus "bias": fc_bias.
+    Weights (model.safetensors or pytorch_model.bin): see draft_weight_shapes(). Matrices are
+    N(0, init_scale); the norm is 1 + N(0, norm_noise). ``own_embedding``: False = no
+    embed_tokens.weight; True/"random" = a random [V, H] table N(0, init_scale) (differs from the
+    target's, so tests can tell which one is used); "copy" = a copy of the target's embedding.
+    """
+    out_dir = Path(out_dir)
+    target_dir = Path(target_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if weights_format not in ("safetensors", "bin"):
+        raise ValueError(f"weights_format must be 'safetensors' or 'bin', got {weights_format!r}")
+    if own_embedding not in (False, True, "random", "copy"):
+        raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
+    tcfg = json.loads((target_dir / "config.json").read_text())
+
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+    }
+    for k in _DRAFT_FROM_TARGET:
+        if tcfg.get(k) is not None:
+            cfg[k] = tcfg[k]
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    rp = _rope_parameters(tcfg)
+    cfg["rope_theta"] = float(rp.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    cfg["rope_parameters"] = rp
+    cfg.update(
+        {
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "pretraining_tp": 1,
+            "torch_dtype": "float32",
+            "initializer_range": init_scale,
+        }
+    )
+    cfg.update(copy.deepcopy(config_overrides))
+    if "rope_theta" in config_overrides:
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
+    cfg["bias"] = bool(fc_bias)
+
+    shapes = draft_weight_shapes(cfg, fc_bias=fc_bias, own_embedding=bool(own_embedding))
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if name.endswith("layernorm.weight"):
+            t = 1.0 + norm_noise * torch.randn(shape, generator=gen)
+        elif name == "embed_tokens.weight" and own_embedding == "copy":
+            t = _load_target_embedding(target_dir)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"target embedding shape {tuple(t.shape)} != draft {shape}")
+        else:
+            t = init_scale * torch.randn(shape, generator=gen)
+        tensors[name] = t.to(torch.float32).contiguous()
+
+    for stale in ("model.safetensors", "pytorch_model.bin"):
+        (out_dir / stale).unlink(missing_ok=True)
+    if weights_format == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(tensors, out_dir / "pytorch_model.bin")
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
+def _load_target_embedding(target_dir: Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for f in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in ("model.embed_tokens.weight", "embed_tokens.weight"):
+                if key in fh.keys():
+                    return fh.get_tensor(key).clone()
+    raise FileNotFoundError(f"no embed_tokens.weight in {target_dir}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pair + CLI
+# ---------------------------------------------------------------------------------------------
+
+
+def make_pair(
+    root: str | Path,
+    preset: str = "mha",
+    seed: int = 0,
+    fc_bias: bool = True,
+    *,
+    own_embedding: bool | Literal["random", "copy"] = False,
+    weights_format: Literal["safetensors", "bin"] = "safetensors",
+    with_tokenizer: bool = True,
+    initializer_range: float = 0.2,
+    init_scale: float = 0.1,
+    eos_token_id: int | None = None,
+) -> tuple[Path, Path]:
+    """Make root/target and root/draft (draft seeded with seed + 1). Returns (target_dir, draft_dir)."""
+    root = Path(root)
+    target = make_tiny_target(
+        root / "target",
+        preset,
+        seed=seed,
+        with_tokenizer=with_tokenizer,
+        initializer_range=initializer_range,
+        eos_token_id=eos_token_id,
+    )
+    draft = make_tiny_draft(
+        root / "draft",
+        target,
+        seed=seed + 1,
+        fc_bias=fc_bias,
+        own_embedding=own_embedding,
+        weights_format=weights_format,
+        init_scale=init_scale,
+    )
+    return target, draft
+
+
+@click.command()
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--preset", default="mha", show_default=True, type=click.Choice(sorted(TARGET_PRESETS)))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--fc-bias/--no-fc-bias", default=True, show_default=True)
+@click.option(
+    "--own-embedding", type=click.Choice(["none", "random", "copy"]), default="none", show_default=True
+)
+@click.option(
+    "--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors", show_default=True
+)
+def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, weights_format: str) -> None:
+    """Write OUT/target (tiny HF Llama + tokenizer) and OUT/draft (EAGLE-1/2 head)."""
+    target, draft = make_pair(
+        out,
+        preset,
+        seed,
+        fc_bias,
+        own_embedding=False if own_embedding == "none" else own_embedding,
+        weights_format=weights_format,  # type: ignore[arg-type]
+    )
+    tcfg = json.loads((target / "config.json").read_text())
+    dcfg = json.loads((draft / "config.json").read_text())
+    click.echo(
+        f"target: {target}  preset={preset} seed={seed} hidden={tcfg['hidden_size']} "
+        f"layers={tcfg['num_hidden_layers']} heads={tcfg['num_attention_heads']}/"
+        f"{tcfg['num_key_value_heads']} head_dim={tcfg['head_dim']} vocab={tcfg['vocab_size']} "
+        f"rope={tcfg['rope_parameters']}"
+    )
+    click.echo(
+        f"draft:  {draft}  bias={dcfg['bias']} own_embedding={own_embedding} "
+        f"files={sorted(p.name for p in draft.iterdir())}"
+    )
+
+
+if __name__ == "__main__":
+    main()
