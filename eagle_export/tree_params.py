@@ -66,8 +66,9 @@ class TreeLimits:
                             ("total_tokens", self.max_total_tokens)):
             value = getattr(params, name)
             if value > limit:
+                flag = "--max-" + name.replace("_", "-")
                 raise GenerationError(
-                    f"{name}={value} exceeds the artifact's limit {limit} (set at export with --max-{name.replace('_', '-')})"
+                    f"{name}={value} exceeds the artifact's limit {limit} (set at export with {flag})"
                 )
 
     @property

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -35,8 +35,8 @@ OPSET = 17
 class ExportOptions:
     dtype: str = "fp32"
     max_seq_len: int = 2048
-    limits: TreeLimits = TreeLimits()
-    tree: TreeParams = TreeParams()
+    limits: TreeLimits = field(default_factory=TreeLimits)
+    tree: TreeParams = field(default_factory=TreeParams)
     max_batch: int = 1
     overwrite: bool = False
 
@@ -58,10 +58,31 @@ def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path:
             dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
         )
     model = onnx.load(str(path))
+    _pin_io_shapes(model, spec)
     data_name = path.name + ".data"
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data_name, size_threshold=1024)
     onnx.checker.check_model(str(path))
+
+
+def _pin_io_shapes(model: onnx.ModelProto, spec: C.GraphSpec) -> None:
+    """Write the contract's shapes onto the graph IO: fixed dims as values, dynamic ones by axis name.
+
+    The tracer leaves some fixed dims symbolic (e.g. head_dim after rotary); engine builders read these.
+    """
+    by_name = {t.name: t for t in (*spec.inputs, *spec.outputs)}
+    for vi in (*model.graph.input, *model.graph.output):
+        t = by_name.get(vi.name)
+        if t is None:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(t.shape):
+            raise EagleExportError(f"traced {vi.name} has rank {len(dims)}, the contract says {len(t.shape)}")
+        for d, want in zip(dims, t.shape, strict=True):
+            if isinstance(want, str):
+                d.dim_param = want
+            else:
+                d.dim_value = want
 
 
 def target_info(t: LoadedTarget, feature_dim: int) -> TargetInfo:
@@ -77,21 +98,29 @@ def target_info(t: LoadedTarget, feature_dim: int) -> TargetInfo:
 
 
 def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
-                    options: ExportOptions = ExportOptions(), progress: bool = True) -> Path:
+                    options: ExportOptions | None = None, progress: bool = True) -> Path:
     """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
     out_dir = Path(out_dir)
+    options = options or ExportOptions()
     if options.dtype not in DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
     options.tree.validate(options.limits)
     if options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
-    if out_dir.exists() and not options.overwrite:
-        raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")
+    if out_dir.exists():
+        if not options.overwrite:
+            raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")
+        if not out_dir.is_dir():
+            raise EagleExportError(f"{out_dir} exists and is not a directory: refusing to replace it")
+        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
+            raise EagleExportError(
+                f"{out_dir} is a non-empty directory that is not an eagle-export artifact: refusing to replace it"
+            )
     dtype = DTYPES[options.dtype]
     steps = tqdm(total=5, desc="export", disable=not progress, unit="step")
 
     steps.set_postfix_str("loading target")
-    target = load_target(target_dir, dtype=torch.float32)
+    target = load_target(target_dir, dtype=torch.float32, progress=progress)
     if options.max_seq_len > target.config.max_position_embeddings:
         raise CheckpointError(
             f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
@@ -122,11 +151,21 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
                               feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name)
     lim = options.limits
     seq = options.max_seq_len
-    target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, seq],
-                   C.PAST_LEN: [0, seq - 1], C.TOTAL_LEN: [1, seq + lim.max_total_tokens],
-                   C.LOGIT_ROWS: [1, lim.max_total_tokens + 1]}
-    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, seq],
-                  C.PAST_LEN: [0, seq + lim.max_draft_rows], C.TOTAL_LEN: [1, seq + lim.max_draft_rows]}
+    verify_rows = lim.max_total_tokens + 1
+    t_new = max(seq, verify_rows)
+    d_new = max(seq, lim.max_top_k, lim.max_depth + 2)
+    d_past = seq + lim.max_draft_rows
+    target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.PAST_LEN: [0, seq - 1],
+                   C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}
+    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
+                  C.TOTAL_LEN: [1, d_past + d_new]}
+    draft_positions = seq + lim.max_depth
+    if draft_positions > dinfo.max_position_embeddings:
+        log.warning(
+            "the draft head's max_position_embeddings is %d but with --max-seq-len %d its positions reach %d: "
+            "acceptance may drop past position %d (the head was not trained there); output stays lossless",
+            dinfo.max_position_embeddings, seq, draft_positions, dinfo.max_position_embeddings,
+        )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))

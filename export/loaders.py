@@ -29,9 +29,12 @@ def _read_json(path: Path, what: str) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{what}: {path} not found")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{what}: {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what}: {path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 @dataclass
@@ -50,7 +53,7 @@ def _as_list(x) -> list[int]:
     return [int(i) for i in (x if isinstance(x, (list, tuple)) else [x])]
 
 
-def load_target(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedTarget:
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True) -> LoadedTarget:
     """Load a target LLM from a Hugging Face directory (config.json + safetensors)."""
     path = Path(path)
     if not path.is_dir():
@@ -66,11 +69,18 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32) -> LoadedT
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise CheckpointError(f"target: {path} has config.json but no weights (*.safetensors)")
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    bar = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     except Exception as e:  # transformers raises many types; name the directory and its message
         raise CheckpointError(f"target: could not load {path}: {e}") from e
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     model.eval()
     tokenizer_files = [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
     eos = _as_list(cfg.get("eos_token_id"))
@@ -154,10 +164,22 @@ def eagle1_expected_shapes(dcfg: dict, hidden: int, vocab: int) -> dict[str, tup
 EAGLE1_OPTIONAL = {"fc.bias", "embed_tokens.weight"}
 
 
+INT_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
+              "vocab_size", "num_hidden_layers", "max_position_embeddings")
+
+
+def _check_config_ints(dcfg: dict) -> None:
+    for key in INT_FIELDS:
+        value = dcfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CheckpointError(f"draft: config.json field {key!r} must be a non-negative integer, got {value!r}")
+
+
 def check_eagle1_fits(ckpt: DraftCheckpoint, target_config) -> None:
     """Every key known, every required key present, every shape as the target implies; else one clear error."""
     t = _target_dims(target_config)
     dcfg = ckpt.config
+    _check_config_ints(dcfg)
     if int(dcfg.get("hidden_size", -1)) != t["hidden_size"]:
         raise CheckpointError(
             f"draft: hidden_size {dcfg.get('hidden_size')} (draft config.json) does not match the target's "

@@ -30,42 +30,77 @@ log = logging.getLogger(__name__)
 BACKENDS = ("ort",)
 
 
-class GenerationStream:
-    """Iterate to receive token lists as they are committed; ``result`` is set once iteration ends."""
+class _OwnedLock:
+    """A lock that knows its holder, so a thread that re-enters (a stream left open) gets an error, not a hang."""
 
-    def __init__(self, runtime: EagleRuntime, gen, lock: threading.Lock):
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def __enter__(self):
+        if self._owner == threading.get_ident():
+            raise GenerationError(
+                "this thread already has a generation open on this runtime (an unfinished stream): "
+                "finish or close it first, or open a second runtime"
+            )
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc):
+        self._owner = None
+        self._lock.release()
+
+
+class GenerationStream:
+    """Iterate once to receive token lists as they are committed; ``result`` is set when iteration ends."""
+
+    def __init__(self, runtime: EagleRuntime, gen, lock: _OwnedLock):
         self._rt, self._gen, self._lock = runtime, gen, lock
+        self._started = False
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self._started:
+            raise GenerationError("a GenerationStream can be iterated only once")
+        self._started = True
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[list[int]]:
         with self._lock:
             try:
                 while True:
                     yield next(self._gen)
             except StopIteration as stop:
                 self.result = stop.value
-                if self.result is not None:
-                    self.result.text = self._rt.decode(self.result.tokens)
+                self.result.text = self._rt.decode(self.result.tokens)
+            finally:
+                self._gen.close()
 
 
 class EagleRuntime:
-    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None):
+    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None, prefill_chunk: int = 256):
         self.directory = directory
         self.manifest = manifest
         self.backend = backend
         self.tokenizer = tokenizer
-        self.generator = Generator(manifest, backend)
-        self._lock = threading.Lock()
+        self.generator = Generator(manifest, backend, prefill_chunk)
+        self._lock = _OwnedLock()
 
     @classmethod
-    def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None) -> EagleRuntime:
-        """Check the manifest, load the graphs on the backend and allocate every buffer once."""
+    def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
+             threads: int | None = None, prefill_chunk: int = 256) -> EagleRuntime:
+        """Check the manifest, load the graphs on the backend and allocate every buffer once.
+
+        threads: intra-op threads per graph (None: the backend's default); prefill_chunk: prompt
+        tokens per prefill forward (bounds the prefill's scratch memory).
+        """
         directory = Path(directory)
         manifest = load_manifest(directory)
         if backend == "ort":
             from .ort_backend import OrtBackend
 
-            be = OrtBackend(directory, manifest, providers)
+            be = OrtBackend(directory, manifest, providers, threads)
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
         tokenizer = None
@@ -73,7 +108,7 @@ class EagleRuntime:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        return cls(directory, manifest, be, tokenizer)
+        return cls(directory, manifest, be, tokenizer, prefill_chunk)
 
     # ---- text <-> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -147,7 +147,9 @@ class Generator:
         """Yield committed tokens as they are accepted; return the GenerationResult."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        tree = (tree or self.m.tree_defaults).validate(self.m.tree_limits)
+        tree = tree or self.m.tree_defaults
+        if use_draft:
+            tree.validate(self.m.tree_limits)
         ids = self.check_prompt(prompt_ids)
         return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos)
 
@@ -215,23 +217,24 @@ class Generator:
 
             grower = TreeGrower(tree)
             k = tree.top_k
+            dev = self.logits.device
             while True:
                 # Grow the tree. The last context row's top-k are the root's children.
                 grower.reset()
                 ctx = self._last_row  # the context pass's last row predicts the root's children
-                frontier = grower.add_root_children(self.dvals[0, ctx].numpy(), self.dids[0, ctx].numpy())
+                frontier = grower.add_root_children(self.dvals[0, ctx].cpu().numpy(), self.dids[0, ctx].cpu().numpy())
                 Ld = L  # draft committed rows equal target committed rows
                 for level in range(1, tree.depth + 1):
                     fed = frontier.fed
                     past = Ld + fed
-                    src = self.dhidden[0, torch.from_numpy(frontier.parent_rows + (ctx if level == 1 else 0))]
+                    src = self.dhidden[0, torch.from_numpy(frontier.parent_rows + (ctx if level == 1 else 0)).to(dev)]
                     self.dfeats_in[0, :k].copy_(src)
                     mask = self._mask_view(k, past)
                     mask[0, :, :Ld] = True
                     mask[0, :, Ld:] = frontier.tree_mask
                     self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :k],
                                     np.full((1, k), Ld + level - 1, dtype=np.int64), mask, past)
-                    frontier = grower.add_children(self.dvals[0, :k].numpy(), self.dids[0, :k].numpy())
+                    frontier = grower.add_children(self.dvals[0, :k].cpu().numpy(), self.dids[0, :k].cpu().numpy())
                 vt = grower.select(tree.total_tokens, root)
                 T = vt.num_nodes
                 # Verify the whole tree in one target forward.
@@ -241,7 +244,7 @@ class Generator:
                 self._run_target(vt.tokens.reshape(1, T), (vt.depths + L).reshape(1, T), mask,
                                  np.arange(T, dtype=np.int64).reshape(1, T), L)
                 stats.rounds += 1
-                argmax = self.logits[0, :T].argmax(-1).numpy()
+                argmax = self.logits[0, :T].argmax(-1).cpu().numpy()
                 acc = accept_greedy(vt, argmax)
                 stats.accept_lengths.append(int(acc.num_accepted))
                 m = len(acc.indices)
@@ -253,7 +256,7 @@ class Generator:
                 if reason is not None:
                     return GenerationResult(out, reason, stats, n)
                 # Draft context for the committed rows: (feature of root/accepted node, next token).
-                feats = self.tfeats[0, torch.from_numpy(acc.indices)].unsqueeze(0)
+                feats = self.tfeats[0, torch.from_numpy(acc.indices).to(dev)].unsqueeze(0)
                 self._draft_context(np.asarray(tokens, dtype=np.int64), feats, L)
                 L += m
                 root = tokens[-1]

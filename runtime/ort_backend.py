@@ -22,20 +22,24 @@ def _ptr_and_type(x: torch.Tensor | np.ndarray):
         return x.data_ptr(), TORCH_TO_NP[x.dtype], tuple(x.shape), dev, (x.device.index or 0)
     if not x.flags.c_contiguous:
         raise ValueError("bound arrays must be contiguous")
-    return x.ctypes.data, x.dtype.type, x.shape, "cpu", 0
+    return x.__array_interface__["data"][0], x.dtype.type, x.shape, "cpu", 0
 
 
 class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
-    def __init__(self, path: Path, providers: list[str]):
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None):
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        # The loop alternates short graph calls with host work: spinning threads would only steal its core.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as e:
-            raise ManifestError(f"could not load graph {path}: {e}") from e
+            raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): {e}") from e
         self.binding = self.session.io_binding()
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = {o.name for o in self.session.get_outputs()}
@@ -59,18 +63,24 @@ class OrtBackend:
 
     name = "ort"
 
-    def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None):
+    def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
+                 threads: int | None = None):
         available = ort.get_available_providers()
         if providers is None:
             use_cuda = "CUDAExecutionProvider" in available and torch.cuda.is_available()
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
-        self.graphs = {name: OrtGraph(Path(directory) / g.file, providers) for name, g in manifest.graphs.items()}
+        self.graphs = {
+            name: OrtGraph(Path(directory) / g.file, providers, threads) for name, g in manifest.graphs.items()
+        }
         for name, g in manifest.graphs.items():
             session = self.graphs[name]
             if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
-                raise ManifestError(f"graph {g.file} does not have the inputs/outputs its manifest lists: re-export")
+                raise ManifestError(
+                    f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
+                    "re-export"
+                )
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         self.graphs[graph].run(inputs, outputs)

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny random targets + EAGLE-1/2 heads, exported once per test session."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from eagle_export.export.exporter import ExportOptions, export_artifact
+from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_target
+from eagle_export.tree_params import TreeLimits
+
+# A small vocabulary keeps random drafts' top-k covering the target's choice often enough that
+# trees get accepted several levels deep, so commit and rollback paths are exercised.
+SMALL_VOCAB = 48
+
+
+class ModelFactory:
+    """Builds (target, draft, artifact) triples under one session directory, each at most once."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._cache: dict[tuple, tuple[Path, Path, Path]] = {}
+
+    def __call__(self, preset: str = "mha", *, fc_bias: bool = True, own_embedding=False,
+                 vocab: int | None = SMALL_VOCAB, with_tokenizer: bool = False, dtype: str = "fp32",
+                 max_seq_len: int = 256, seed: int = 0,
+                 weights_format: str = "safetensors", limits: TreeLimits | None = None,
+                 **target_overrides) -> tuple[Path, Path, Path]:
+        key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
+               limits, tuple(sorted(target_overrides.items())))
+        if key not in self._cache:
+            name = f"m{len(self._cache)}_{preset}"
+            base = self.root / name
+            overrides = dict(target_overrides)
+            if vocab is not None:
+                overrides["vocab_size"] = vocab
+            target = make_tiny_target(base / "target", preset, seed=seed, with_tokenizer=with_tokenizer, **overrides)
+            draft = make_tiny_draft(base / "draft", target, seed=seed + 1, fc_bias=fc_bias,
+                                    own_embedding=own_embedding, weights_format=weights_format)
+            opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits())
+            art = export_artifact(target, draft, base / "artifact", opts, progress=False)
+            self._cache[key] = (target, draft, art)
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> ModelFactory:
+    logging.getLogger("eagle_export").setLevel(logging.ERROR)
+    return ModelFactory(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny(models):
+    """The default tiny model with a tokenizer: (target, draft, artifact)."""
+    return models("mha", vocab=256, with_tokenizer=True)

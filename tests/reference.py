@@ -1,0 +1,56 @@
+"""Reference greedy decoding with transformers, and the tie rule used when comparing against it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+TIE_GAP = 1e-4
+
+
+@dataclass
+class Comparison:
+    tokens: int = 0
+    ties: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class GreedyReference:
+    """transformers' own greedy `generate` on the original checkpoint (fp32, eager attention)."""
+
+    def __init__(self, target_dir):
+        self.model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+        # No EOS anywhere: compare full-length runs (the model's own generation_config would stop early).
+        self.model.generation_config.eos_token_id = None
+        self.config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        ids = torch.tensor([prompt])
+        out = self.model.generate(ids, generation_config=self.config, max_new_tokens=max_new_tokens)
+        return out[0, len(prompt):].tolist()
+
+    @torch.no_grad()
+    def top2_gap(self, prefix: list[int]) -> float:
+        logits = self.model(torch.tensor([prefix])).logits[0, -1]
+        top = torch.topk(logits, 2).values
+        return float(top[0] - top[1])
+
+    def compare(self, prompt: list[int], got: list[int], want: list[int], cmp: Comparison, label: str) -> None:
+        """Token-for-token equality; a first mismatch counts as a tie only if the reference's top-2 gap < 1e-4."""
+        n = min(len(got), len(want))
+        cmp.tokens += n
+        for i in range(n):
+            if got[i] != want[i]:
+                gap = self.top2_gap(prompt + want[:i])
+                if gap < TIE_GAP:
+                    cmp.ties += 1
+                else:
+                    cmp.failures.append(f"{label}: prompt {prompt} differs at new token {i}: got {got[i]} "
+                                        f"want {want[i]} (reference top-2 gap {gap:.3g})")
+                return  # the sequences diverge after a tie; nothing further to compare
+        if len(got) != len(want):
+            cmp.failures.append(f"{label}: prompt {prompt}: got {len(got)} tokens, want {len(want)}")

@@ -1,0 +1,70 @@
+"""The KV buffers are allocated once per runtime and the decoding loop neither reallocates nor copies them."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import torch
+
+from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.kv_cache import KVCache
+from eagle_export.tree_params import TreeParams
+
+
+def cache_bytes(cache: KVCache) -> int:
+    return sum(b.numel() * b.element_size() for b in cache.buffers)
+
+
+def test_buffers_are_allocated_once_and_loop_allocates_nothing_cache_sized(models):
+    _, _, art = models("gqa", max_seq_len=2048)
+    rt = EagleRuntime.open(art, threads=1)
+    gen = rt.generator
+    buffers = [*gen.tcache.buffers, *gen.dcache.buffers]
+    ptrs = [b.data_ptr() for b in buffers]
+    smallest = min(b.numel() * b.element_size() for b in buffers)
+    prompt = list(range(3, 40))
+    tree = TreeParams(top_k=4, depth=3, total_tokens=10)
+    rt.generate(prompt_ids=prompt, max_new_tokens=8, tree=tree, stop_on_eos=False)  # warm-up
+
+    # Torch allocations inside the loop (commit gathers, feature gathers, argmax): none may be cache-sized.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        tracemalloc.start()
+        res = rt.generate(prompt_ids=prompt, max_new_tokens=64, tree=tree, stop_on_eos=False)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert res.stats.rounds > 10 and sum(res.stats.accept_lengths) > 0
+    biggest_torch = max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+    print(f"\ncache: {cache_bytes(gen.tcache) + cache_bytes(gen.dcache)} B in {len(buffers)} buffers; "
+          f"loop: python/numpy peak {peak} B, largest torch allocation {biggest_torch} B")
+    assert biggest_torch < smallest / 8, "a cache-sized torch allocation happened inside the loop"
+    assert peak < smallest / 2, "a cache-sized numpy/python allocation happened inside the loop"
+    # Same buffers, same addresses: the graphs wrote into them in place.
+    assert [b.data_ptr() for b in buffers] == ptrs
+    assert all(b is c for b, c in zip(buffers, [*gen.tcache.buffers, *gen.dcache.buffers], strict=True))
+
+
+def test_loop_writes_kv_into_the_preallocated_buffers(models):
+    """After generation the committed rows hold exactly the K/V a fresh prefill of the whole text computes."""
+    _, _, art = models("gqa", max_seq_len=256)
+    rt = EagleRuntime.open(art, threads=1)
+    prompt = list(range(3, 20))
+    res = rt.generate(prompt_ids=prompt, max_new_tokens=30, tree=TreeParams(4, 3, 10), stop_on_eos=False)
+    committed = len(prompt) + len(res.tokens) - 1  # the last token is not fed yet
+    eagle_rows = [b[0, :committed].clone() for b in rt.generator.tcache.buffers]
+    rt.generate(prompt_ids=prompt + res.tokens[:-1], max_new_tokens=1, use_draft=False, stop_on_eos=False)
+    for got, want in zip(eagle_rows, rt.generator.tcache.buffers, strict=True):
+        np.testing.assert_allclose(got.numpy(), want[0, :committed].numpy(), atol=1e-4)
+
+
+def test_commit_moves_only_accepted_rows():
+    cache = KVCache(num_layers=1, kv_heads=1, head_dim=2, capacity=16, dtype=torch.float32)
+    for b in cache.buffers:
+        b[0, :, 0, 0] = torch.arange(16, dtype=torch.float32)
+    before = [b.clone() for b in cache.buffers]
+    cache.commit(4, np.array([0, 2, 5]))  # rows 4, 6, 9 -> 4, 5, 6
+    for b, old in zip(cache.buffers, before, strict=True):
+        assert b[0, 4:7, 0, 0].tolist() == [4.0, 6.0, 9.0]
+        assert torch.equal(b[0, :4], old[0, :4]) and torch.equal(b[0, 7:], old[0, 7:])
+    cache.commit(4, np.array([0, 1, 2]))  # already in place: nothing moves
+    assert cache.buffers[0][0, 4:7, 0, 0].tolist() == [4.0, 6.0, 9.0]

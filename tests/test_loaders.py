@@ -1,0 +1,300 @@
+"""Loader checks: every malformed or mismatched checkpoint is a CheckpointError naming the problem,
+raised before any export work (no output directory, no partial directory left behind)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle_export.errors import CheckpointError
+from eagle_export.export.exporter import ExportOptions, export_artifact
+from eagle_export.export.loaders import load_eagle1_head, load_target, read_draft_checkpoint
+from eagle_export.manifest import load_manifest
+from eagle_export.runtime import EagleRuntime
+
+INV_FREQ = "layers.0.self_attn.rotary_emb.inv_freq"
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def copy_dir(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def read_st(d: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(d / "model.safetensors"))
+
+
+def write_st(d: Path, weights: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(d / "model.safetensors"))
+
+
+def edit_json(path: Path, **changes) -> None:
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+def export_fails(target: Path, draft: Path, tmp_path: Path, *fragments: str) -> str:
+    """Export must fail with a CheckpointError whose message holds every fragment, writing nothing."""
+    parent = tmp_path / "exports"  # does not exist yet: the failed export must not create it either
+    out = parent / "art"
+    with pytest.raises(CheckpointError) as info:
+        export_artifact(target, draft, out, ExportOptions(max_seq_len=64), progress=False)
+    msg = str(info.value)
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+    assert not out.exists()
+    assert not parent.exists(), f"left behind: {list(parent.iterdir())}"
+    assert not list(tmp_path.glob(".art.partial-*"))
+    return msg
+
+
+def draft_outputs(artifact: Path) -> list[np.ndarray]:
+    """Run the exported draft step graph on fixed inputs (5 new tokens, empty past)."""
+    m = load_manifest(artifact)
+    sess = ort.InferenceSession(str(artifact / m.graphs["draft_step"].file), providers=["CPUExecutionProvider"])
+    n, d = 5, m.draft
+    rng = np.random.default_rng(0)
+    empty = np.zeros((1, 0, d.kv_heads, d.head_dim), np.float32)
+    feeds = {
+        "input_ids": rng.integers(3, m.target.vocab_size, (1, n)),
+        "features": rng.standard_normal((1, n, d.feature_dim)).astype(np.float32),
+        "position_ids": np.arange(n, dtype=np.int64)[None],
+        "attention_mask": np.tril(np.ones((n, n), dtype=bool))[None],
+        "past_key.0": empty,
+        "past_value.0": empty,
+    }
+    return sess.run(None, feeds)
+
+
+PROMPT = [(7 * i + 3) % 48 for i in range(12)]
+
+
+def eagle_run(artifact: Path):
+    rt = EagleRuntime.open(artifact)
+    return rt.generate(prompt_ids=PROMPT, max_new_tokens=24, stop_on_eos=False)
+
+
+@pytest.fixture(scope="module")
+def pair(models):
+    target, draft, _ = models("mha")
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def loaded_target(pair):
+    return load_target(pair[0])
+
+
+# ---- draft weights ---------------------------------------------------------------------------
+
+
+def test_missing_required_key(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    w = read_st(bad)
+    del w["layers.0.mlp.up_proj.weight"]
+    write_st(bad, w)
+    export_fails(target, bad, tmp_path, "lacks required keys", "layers.0.mlp.up_proj.weight")
+
+
+def test_unknown_key(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    w = read_st(bad)
+    w["layers.0.self_attn.q_norm.weight"] = torch.ones(64)
+    write_st(bad, w)
+    export_fails(target, bad, tmp_path, "does not have", "layers.0.self_attn.q_norm.weight")
+
+
+def test_wrong_shape_names_key_and_both_shapes(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    w = read_st(bad)
+    assert tuple(w["fc.weight"].shape) == (64, 128)
+    w["fc.weight"] = torch.zeros(64, 100)
+    write_st(bad, w)
+    export_fails(target, bad, tmp_path, "fc.weight", "(64, 100)", "(64, 128)")
+
+
+def test_hidden_size_mismatch_names_both_values(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    edit_json(bad / "config.json", hidden_size=32)
+    export_fails(target, bad, tmp_path, "hidden_size 32", "hidden_size 64")
+
+
+def test_vocab_size_mismatch(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    edit_json(bad / "config.json", vocab_size=1000)
+    export_fails(target, bad, tmp_path, "vocab_size 1000", "vocab_size 48")
+
+
+def test_two_layer_head_rejected(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    edit_json(bad / "config.json", num_hidden_layers=2)
+    export_fails(target, bad, tmp_path, "num_hidden_layers=2", "exactly one layer")
+
+
+# ---- files and configs -----------------------------------------------------------------------
+
+
+def test_unsupported_target_family(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(target, tmp_path / "target")
+    edit_json(bad / "config.json", model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    msg = export_fails(bad, draft, tmp_path, "'gpt2'", "GPT2LMHeadModel", "supported", "LlamaForCausalLM")
+    assert "llama" in msg
+
+
+def test_target_without_weights(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(target, tmp_path / "target")
+    for f in bad.glob("*.safetensors"):
+        f.unlink()
+    export_fails(bad, draft, tmp_path, str(bad), "no weights")
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_config_missing(pair, tmp_path, which):
+    target, draft = pair
+    d = copy_dir(target if which == "target" else draft, tmp_path / which)
+    (d / "config.json").unlink()
+    args = (d, draft) if which == "target" else (target, d)
+    export_fails(*args, tmp_path, f"{which}:", str(d / "config.json"), "not found")
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_config_invalid_json(pair, tmp_path, which):
+    target, draft = pair
+    d = copy_dir(target if which == "target" else draft, tmp_path / which)
+    (d / "config.json").write_text('{"hidden_size": 64,')
+    args = (d, draft) if which == "target" else (target, d)
+    export_fails(*args, tmp_path, f"{which}:", str(d / "config.json"), "not valid JSON")
+
+
+@pytest.mark.parametrize("which", ["target", "draft"])
+def test_config_not_an_object(pair, tmp_path, which):
+    target, draft = pair
+    d = copy_dir(target if which == "target" else draft, tmp_path / which)
+    (d / "config.json").write_text("[]")
+    args = (d, draft) if which == "target" else (target, d)
+    export_fails(*args, tmp_path, f"{which}:", str(d / "config.json"), "not an object")
+
+
+def test_failed_export_leaves_existing_parent_untouched(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    edit_json(bad / "config.json", hidden_size=32)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(CheckpointError, match="hidden_size 32"):
+        export_artifact(target, bad, tmp_path / "art", ExportOptions(max_seq_len=64), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no art/, no .art.partial-*
+
+
+def test_max_seq_len_above_target_positions(pair, tmp_path):
+    target, draft = pair
+    with pytest.raises(CheckpointError) as info:
+        export_artifact(target, draft, tmp_path / "art", ExportOptions(max_seq_len=4096), progress=False)
+    msg = str(info.value)
+    assert "--max-seq-len 4096" in msg and "max_position_embeddings 2048" in msg
+    assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art.partial-*"))
+
+
+def test_draft_dir_missing(pair, tmp_path):
+    export_fails(pair[0], tmp_path / "nope", tmp_path, str(tmp_path / "nope"), "not a directory")
+
+
+def test_draft_without_weights(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    (bad / "model.safetensors").unlink()
+    export_fails(target, bad, tmp_path, "neither model.safetensors nor pytorch_model.bin")
+
+
+def test_corrupt_bin_alone(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    (bad / "model.safetensors").unlink()
+    (bad / "pytorch_model.bin").write_bytes(b"not a torch file")
+    export_fails(target, bad, tmp_path, "could not read weights", str(bad))
+
+
+def test_bin_that_is_not_a_state_dict(pair, tmp_path):
+    target, draft = pair
+    bad = copy_dir(draft, tmp_path / "draft")
+    (bad / "model.safetensors").unlink()
+    torch.save([torch.zeros(2)], bad / "pytorch_model.bin")
+    export_fails(target, bad, tmp_path, "pytorch_model.bin", "does not hold a state dict")
+
+
+# ---- weights formats and optional parts --------------------------------------------------------
+
+
+def test_bin_head_matches_safetensors_head(models):
+    _, st_draft, st_art = models("mha")
+    _, bin_draft, bin_art = models("mha", weights_format="bin")
+    assert sorted(p.name for p in bin_draft.iterdir()) == ["config.json", "pytorch_model.bin"]
+    assert read_draft_checkpoint(bin_draft).weights_file.name == "pytorch_model.bin"
+    assert read_draft_checkpoint(st_draft).weights_file.name == "model.safetensors"
+    for a, b in zip(draft_outputs(st_art), draft_outputs(bin_art), strict=True):
+        np.testing.assert_array_equal(a, b)
+    ra, rb = eagle_run(st_art), eagle_run(bin_art)
+    assert ra.tokens == rb.tokens and len(ra.tokens) == 24
+    assert ra.stats.accept_lengths == rb.stats.accept_lengths
+
+
+def test_safetensors_preferred_over_bin(pair, loaded_target, tmp_path):
+    _, draft = pair
+    d = copy_dir(draft, tmp_path / "draft")
+    (d / "pytorch_model.bin").write_bytes(b"\x80corrupt pickle that must never be read")
+    ckpt = read_draft_checkpoint(d)
+    assert ckpt.weights_file == d / "model.safetensors"
+    head, ckpt, _ = load_eagle1_head(d, loaded_target)
+    ref = read_st(draft)
+    torch.testing.assert_close(head.state_dict()["fc.weight"], ref["fc.weight"], rtol=0, atol=0)
+
+
+def test_inv_freq_key_is_ignored(pair, loaded_target, tmp_path):
+    _, draft = pair
+    d = copy_dir(draft, tmp_path / "draft")
+    w = read_st(d)
+    w[INV_FREQ] = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    write_st(d, w)
+    head, ckpt, _ = load_eagle1_head(d, loaded_target)
+    assert ckpt.ignored_keys == [INV_FREQ]
+    assert INV_FREQ not in ckpt.weights
+    assert head is not None
+
+
+def test_no_fc_bias(models):
+    _, draft, art = models("mha", fc_bias=False)
+    assert "fc.bias" not in read_st(draft)
+    assert load_manifest(art).draft.fc_bias is False
+    assert load_manifest(models("mha")[2]).draft.fc_bias is True
+
+
+def test_own_embedding_is_used(models):
+    _, _, shared = models("mha")
+    _, rand_draft, rand = models("mha", own_embedding="random")
+    _, _, copied = models("mha", own_embedding="copy")
+    assert "embed_tokens.weight" in read_st(rand_draft)
+    assert load_manifest(shared).draft.own_embedding is False
+    assert load_manifest(rand).draft.own_embedding is True
+    assert load_manifest(copied).draft.own_embedding is True
+    # Same seed: every other draft weight is equal, so only the embedding table differs.
+    base, r, c = draft_outputs(shared), draft_outputs(rand), draft_outputs(copied)
+    assert not np.allclose(base[2], r[2])  # the head's own random table changes the hidden output
+    np.testing.assert_allclose(base[2], c[2], rtol=1e-5, atol=1e-5)  # a copy of the target's: same output

@@ -1,0 +1,146 @@
+"""The runtime's checks of an artifact directory: every broken or foreign artifact is a ManifestError
+with a clear message, a good manifest round-trips, and an opened runtime allocates its buffers once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eagle_export.contract import CONTRACT_VERSION
+from eagle_export.errors import ManifestError
+from eagle_export.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, load_manifest
+from eagle_export.runtime import EagleRuntime
+
+
+@pytest.fixture(scope="module")
+def artifact(models) -> Path:
+    return models("mha")[2]
+
+
+@pytest.fixture
+def copy(artifact, tmp_path) -> Path:
+    return shutil.copytree(artifact, tmp_path / "art")
+
+
+def edit_manifest(d: Path, fn) -> None:
+    path = d / MANIFEST_NAME
+    m = json.loads(path.read_text())
+    fn(m)
+    path.write_text(json.dumps(m))
+
+
+def broken(d: Path, *fragments: str, runtime_only: bool = False) -> str:
+    """Both load_manifest (unless the problem is in a graph file) and EagleRuntime.open must refuse d."""
+    calls = [EagleRuntime.open] if runtime_only else [load_manifest, EagleRuntime.open]
+    msgs = []
+    for call in calls:
+        with pytest.raises(ManifestError) as info:
+            call(d)
+        msg = str(info.value)
+        for f in fragments:
+            assert f in msg, f"{call.__qualname__}: {f!r} not in {msg!r}"
+        msgs.append(msg)
+    return msgs[-1]
+
+
+def test_not_a_directory(tmp_path):
+    f = tmp_path / "file.onnx"
+    f.write_bytes(b"x")
+    broken(f, str(f), "not a directory", "eagle-export export")
+    broken(tmp_path / "missing", "not a directory")
+
+
+def test_missing_manifest(copy):
+    (copy / MANIFEST_NAME).unlink()
+    broken(copy, str(copy), f"no {MANIFEST_NAME}", "did not finish")
+
+
+def test_manifest_not_json(copy):
+    (copy / MANIFEST_NAME).write_text('{"schema_version": 1, "variant": ')
+    broken(copy, str(copy / MANIFEST_NAME), "not valid JSON")
+
+
+def test_manifest_not_an_object(copy):
+    (copy / MANIFEST_NAME).write_text("[1, 2, 3]")
+    broken(copy, "schema_version None", "re-export")
+
+
+def test_schema_version_changed(copy):
+    edit_manifest(copy, lambda m: m.update(schema_version=SCHEMA_VERSION + 1))
+    broken(copy, f"schema_version {SCHEMA_VERSION + 1}", f"reads version {SCHEMA_VERSION}", "re-export")
+
+
+def test_contract_version_changed(copy):
+    edit_manifest(copy, lambda m: m.update(contract_version=CONTRACT_VERSION + 1))
+    broken(copy, f"contract version {CONTRACT_VERSION + 1}", f"speaks {CONTRACT_VERSION}", "re-export")
+
+
+def test_missing_field(copy):
+    edit_manifest(copy, lambda m: m.pop("target"))
+    broken(copy, "malformed", "'target'", "re-export")
+
+
+def test_unknown_variant(copy):
+    edit_manifest(copy, lambda m: m.update(variant="eagle3"))
+    broken(copy, "variant 'eagle3'", "eagle1")
+
+
+@pytest.mark.parametrize("graph", ["target_verify", "draft_step"])
+def test_graph_file_deleted(copy, graph):
+    (copy / f"{graph}.onnx").unlink()
+    broken(copy, f"graph {graph}", f"{graph}.onnx", "missing")
+
+
+def test_external_data_deleted(copy):
+    (copy / "draft_step.onnx.data").unlink()
+    broken(copy, "could not load graph", str(copy / "draft_step.onnx"), "draft_step.onnx.data", runtime_only=True)
+
+
+@pytest.mark.parametrize("how", ["few_bytes", "truncated"])
+def test_corrupt_onnx(copy, how):
+    path = copy / "target_verify.onnx"
+    data = path.read_bytes()
+    path.write_bytes(b"\x08\x07garbage" if how == "few_bytes" else data[: len(data) // 3])
+    load_manifest(copy)  # the manifest itself is fine; the runtime finds the broken graph
+    broken(copy, "could not load graph", str(path), runtime_only=True)
+
+
+def test_graph_with_other_inputs_than_listed(copy):
+    # The target entry points at the draft graph: its inputs/outputs are not the listed ones.
+    edit_manifest(copy, lambda m: m["graphs"]["target_verify"].update(file="draft_step.onnx"))
+    broken(copy, "draft_step.onnx", "inputs/outputs", "re-export", runtime_only=True)
+
+
+def test_manifest_round_trip(artifact):
+    m = load_manifest(artifact)
+    d = m.to_dict()
+    again = Manifest.from_dict(d)
+    assert again.to_dict() == d
+    assert again == m
+    assert d == json.loads((artifact / MANIFEST_NAME).read_text())
+    assert json.loads(json.dumps(d)) == d  # plain JSON types only
+    assert m.schema_version == SCHEMA_VERSION and m.contract_version == CONTRACT_VERSION
+
+
+def test_runtime_allocates_buffers_once(artifact):
+    rt = EagleRuntime.open(artifact)
+    g = rt.generator
+    m = rt.manifest
+    assert g.tcache.capacity == m.max_seq_len + m.tree_limits.max_total_tokens + 1
+    assert len(g.tcache.buffers) == 2 * m.target.num_layers and len(g.dcache.buffers) == 2
+
+    def pointers() -> list[int]:
+        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in]
+        return [t.data_ptr() for t in tensors] + [g._mask.ctypes.data]
+
+    before = pointers()
+    a = rt.generate(prompt_ids=[3, 9, 27, 33, 40], max_new_tokens=20, stop_on_eos=False)
+    after_first = pointers()
+    b = rt.generate(prompt_ids=list(range(3, 40)), max_new_tokens=30, stop_on_eos=False)
+    c = rt.generate(prompt_ids=[3, 9, 27, 33, 40], max_new_tokens=20, stop_on_eos=False, use_draft=False)
+    assert before == after_first == pointers()
+    assert len(a.tokens) == 20 and len(b.tokens) == 30
+    assert c.tokens == a.tokens  # a reused runtime gives the same answer
