@@ -31,7 +31,7 @@ class _Group(click.Group):
 @click.group(cls=_Group)
 @click.version_option(package_name="eagle-export")
 def main() -> None:
-    """Export EAGLE speculative decoding to ONNX and run it."""
+    """Export EAGLE speculative decoding to ONNX, build TensorRT engines, and run it."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
 
 
@@ -41,7 +41,8 @@ def main() -> None:
 @click.option("--draft", "draft_dir", required=True, type=click.Path(path_type=Path),
               help="EAGLE-1/2 head directory (config.json + model.safetensors or pytorch_model.bin).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
-@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
+              help="Graph float dtype (bf16 runs on --backend tensorrt only).")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True,
               help="Cache capacity: prompt plus generated tokens.")
 @click.option("--max-top-k", type=int, default=_DEF_LIMITS.max_top_k, show_default=True,
@@ -66,6 +67,36 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     click.echo(f"wrote {path}")
 
 
+@main.command("build")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--engine-lib", type=click.Choice(["auto", "tensorrt", "tensorrt-rtx"]), default="auto",
+              show_default=True, help="auto: tensorrt when it imports, else tensorrt_rtx (TensorRT for RTX).")
+@click.option("--max-batch", type=int, default=1, show_default=True,
+              help="Largest batch in the profiles (at most the artifact's batch range).")
+@click.option("--max-prefill", type=int, default=None,
+              help="Largest prefill chunk (prompt tokens per forward) [default: min(256, max_seq_len)].")
+@click.option("--max-tree-tokens", type=int, default=None,
+              help="Largest verify (root + draft nodes) [default: the artifact's --max-total-tokens + 1].")
+@click.option("--workspace", default=None, help="TensorRT workspace pool limit, e.g. 512M, 2G [default: TensorRT's].")
+@click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
+              help="Timing cache file, read if present and written after building (tensorrt only).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, workspace, timing_cache, quiet) -> None:
+    """Build TensorRT engines for the graphs of ARTIFACT and record them in its manifest."""
+    from .engines.builder import BuildOptions, build_engines
+
+    opts = BuildOptions(engine_lib=engine_lib, max_batch=max_batch, max_prefill=max_prefill,
+                        max_tree_tokens=max_tree_tokens, workspace=workspace, timing_cache=timing_cache)
+    m = build_engines(artifact, opts, progress=not quiet)
+    e = m.engines
+    for name, g in e.graphs.items():
+        ranges = "; ".join(
+            f"{p['name']}: " + ", ".join(f"{a} {lo}..{hi}" for a, (lo, _, hi) in p["axes"].items() if a != "batch")
+            for p in g.profiles)
+        click.echo(f"{name}: {g.file} ({g.size_bytes / 2**20:.1f} MiB, {g.precision}, {g.build_s:.1f} s) [{ranges}]")
+    click.echo(f"built with {e.lib} {e.lib_version} into {artifact}")
+
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -83,7 +114,8 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
 @click.option("--no-draft", is_flag=True, help="Plain autoregressive decoding on the same target graph.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
-@click.option("--backend", type=click.Choice(["ort"]), default="ort", show_default=True)
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
+              help="ort: ONNX Runtime on the ONNX graphs; tensorrt: the engines of `eagle-export build` (CUDA GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
                  backend, as_json) -> None:

@@ -80,7 +80,7 @@ def present_names(num_layers: int) -> list[str]:
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: str  # numpy dtype name: "int64", "bool", "float32", "float16"
+    dtype: str  # numpy dtype name: "int64", "bool", "float32", "float16" ("bfloat16" by name)
     shape: tuple  # ints (fixed) or axis names (dynamic)
 
     def to_dict(self) -> dict:

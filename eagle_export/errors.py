@@ -15,3 +15,7 @@ class ManifestError(EagleExportError):
 
 class GenerationError(EagleExportError):
     """Bad generation request: empty prompt, too long, ids out of range, bad settings."""
+
+
+class EngineError(EagleExportError):
+    """TensorRT is missing, an engine cannot be built or loaded, or a call does not fit the engine's profiles."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,48 @@ class GraphEntry:
 
 
 @dataclass
+class EngineEntry:
+    """One serialized TensorRT engine, written by `eagle-export build` next to its ONNX graph."""
+
+    file: str
+    size_bytes: int
+    build_s: float
+    precision: str  # the artifact dtype: a strongly typed network keeps the ONNX graph's dtypes
+    strongly_typed: bool
+    # Optimisation profiles in index order: {name, axes: {axis: [min, opt, max]},
+    # shapes: {input: {min, opt, max}}} as TensorRT read them back (engines/profiles.py computes them).
+    profiles: list[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EngineEntry:
+        return cls(file=d["file"], size_bytes=int(d["size_bytes"]), build_s=float(d["build_s"]),
+                   precision=d["precision"], strongly_typed=bool(d["strongly_typed"]), profiles=list(d["profiles"]))
+
+
+@dataclass
+class EnginesInfo:
+    """What `eagle-export build` made: the library that built (and must run) the engines, options, engines."""
+
+    lib: str  # Python module: "tensorrt" or "tensorrt_rtx"
+    lib_version: str
+    built_at: str
+    options: dict  # max_batch, max_prefill, max_tree_tokens, workspace, timing_cache
+    graphs: dict[str, EngineEntry]
+
+    def to_dict(self) -> dict:
+        return {"lib": self.lib, "lib_version": self.lib_version, "built_at": self.built_at,
+                "options": dict(self.options), "graphs": {k: v.to_dict() for k, v in self.graphs.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EnginesInfo:
+        return cls(lib=d["lib"], lib_version=d["lib_version"], built_at=d["built_at"], options=dict(d["options"]),
+                   graphs={k: EngineEntry.from_dict(v) for k, v in d["graphs"].items()})
+
+
+@dataclass
 class Manifest:
     variant: str
     dtype: str
@@ -67,6 +110,7 @@ class Manifest:
     graphs: dict[str, GraphEntry]
     has_tokenizer: bool
     versions: dict[str, str] = field(default_factory=dict)
+    engines: EnginesInfo | None = None  # set by `eagle-export build`; older manifests have none
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
@@ -84,11 +128,15 @@ class Manifest:
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
             "has_tokenizer": self.has_tokenizer,
             "versions": self.versions,
+            **({"engines": self.engines.to_dict()} if self.engines is not None else {}),
         }
 
     def write(self, directory: Path) -> Path:
+        """Write manifest.json atomically (temporary file, then rename): readers never see half a manifest."""
         path = Path(directory) / MANIFEST_NAME
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp = path.with_name(f".{MANIFEST_NAME}.partial")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
         return path
 
     @classmethod
@@ -102,6 +150,7 @@ class Manifest:
             tree_limits=TreeLimits(**d["tree_limits"]), tree_defaults=TreeParams(**d["tree_defaults"]),
             target=TargetInfo(**d["target"]), draft=DraftInfo(**d["draft"]), graphs=graphs,
             has_tokenizer=bool(d["has_tokenizer"]), versions=dict(d.get("versions", {})),
+            engines=EnginesInfo.from_dict(d["engines"]) if d.get("engines") is not None else None,
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
 

@@ -26,8 +26,10 @@ from .modules import DraftStep, TargetVerify
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16"}
+# bf16 graphs build and run on TensorRT; ONNX Runtime's CPU provider has no bf16 kernels (MatMul), so the
+# ort backend refuses them.
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 OPSET = 17
 
 

@@ -22,7 +22,7 @@ from .accept import accept_greedy
 from .kv_cache import KVCache
 from .tree import TreeGrower
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FINISH_REASONS = ("eos", "length", "capacity")
 
 

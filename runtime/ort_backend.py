@@ -11,6 +11,7 @@ import torch
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest
 
+ORT_DTYPES = ("float32", "float16")
 TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
 
@@ -65,6 +66,12 @@ class OrtBackend:
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
                  threads: int | None = None):
+        if manifest.dtype not in ORT_DTYPES:
+            raise ManifestError(
+                f"{directory} holds {manifest.dtype} graphs, which the ort backend cannot run (ONNX Runtime's CPU "
+                "provider has no kernels for them): build engines (`eagle-export build`) and use --backend tensorrt, "
+                "or export with --dtype fp16/fp32"
+            )
         available = ort.get_available_providers()
         if providers is None:
             use_cuda = "CUDAExecutionProvider" in available and torch.cuda.is_available()

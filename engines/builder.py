@@ -1,0 +1,310 @@
+"""`eagle-export build`: parse each ONNX graph of an artifact, build a TensorRT engine with the optimisation
+profiles of ``profiles.py``, serialize it next to the graph, and record what was built in the manifest.
+
+- Strongly typed networks: every layer keeps the dtype the ONNX graph gives it (fp32, fp16 or bf16 exports;
+  logits and top-k log-probs stay float32), so no precision flag is set.
+- Progress: a bar over the graphs whose postfix follows TensorRT's build phases (IProgressMonitor).
+- Errors: a failed parse or build raises EngineError with the graph, the file, the library and version,
+  the profiles (for a build) and TensorRT's own messages (parser errors with their node, logger errors).
+- Atomic: engines are written to temporary files and renamed, then the manifest is rewritten atomically;
+  a failed build leaves the artifact as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from eagle_export.contract import GraphSpec
+from eagle_export.errors import EngineError
+from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
+
+from .libs import TrtLib, load_lib
+from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options
+
+log = logging.getLogger(__name__)
+
+ENGINE_SUFFIX = ".engine"
+SHOWN_PHASE_DEPTH = 3  # TensorRT build phases shown on the progress bar (deeper ones change too fast to read)
+
+#: TensorRT DataType member name -> numpy dtype name used by the contract.
+TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
+              "BOOL": "bool", "INT8": "int8", "UINT8": "uint8"}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """'512M', '2G', '1.5GiB', '1048576' -> bytes (binary units). None stays None."""
+    if text is None or isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise EngineError(f"--workspace {text!r} is not a size (examples: 512M, 2G, 1073741824)")
+    scale = 1024 ** "_kmgt".index((m.group(2) or "_").lower())
+    value = int(float(m.group(1)) * scale)
+    if value <= 0:
+        raise EngineError(f"--workspace must be positive, got {text!r}")
+    return value
+
+
+@dataclass
+class BuildOptions:
+    engine_lib: str = "auto"
+    max_batch: int = 1
+    max_prefill: int | None = None
+    max_tree_tokens: int | None = None
+    workspace: int | None = None  # bytes for TensorRT's WORKSPACE pool; None: TensorRT's default
+    timing_cache: Path | None = None  # read if present, written after the builds (tensorrt only)
+
+
+@dataclass
+class BuiltEngine:
+    data: bytes
+    build_s: float
+    profiles: list[Profile]  # as TensorRT read them back from the optimisation profiles
+    warnings: list[str] = field(default_factory=list)
+
+
+def _dtype_name(dt) -> str:
+    return TRT_DTYPES.get(getattr(dt, "name", str(dt).rsplit(".", 1)[-1]), str(dt))
+
+
+def _make_logger(lib: TrtLib):
+    trt = lib.module
+
+    class _Logger(trt.ILogger):
+        """Keeps TensorRT's messages for error reports; warnings go to Python logging at debug level."""
+
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+            self.warnings: list[str] = []
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                self.errors.append(msg)
+            elif severity == trt.ILogger.Severity.WARNING:
+                self.warnings.append(msg)
+                log.debug("TensorRT: %s", msg)
+
+        def reset(self):
+            self.errors.clear()
+            self.warnings.clear()
+
+    return _Logger()
+
+
+def _make_monitor(lib: TrtLib, bar):
+    """An IProgressMonitor that shows the current build phase on the bar (None if the module has none)."""
+    trt = lib.module
+    if bar is None or not hasattr(trt, "IProgressMonitor"):
+        return None
+
+    class _Monitor(trt.IProgressMonitor):
+        def __init__(self):
+            trt.IProgressMonitor.__init__(self)
+            self.phases: list[str] = []
+
+        def phase_start(self, phase_name, parent_phase, num_steps):
+            self.phases.append(phase_name)
+            if len(self.phases) <= SHOWN_PHASE_DEPTH:
+                self._show()
+
+        def step_complete(self, phase_name, step):
+            return True  # never cancel
+
+        def phase_finish(self, phase_name):
+            depth = len(self.phases)
+            if phase_name in self.phases:
+                self.phases.remove(phase_name)
+            if depth <= SHOWN_PHASE_DEPTH:
+                self._show()
+
+        def _show(self):
+            try:
+                bar.set_postfix_str(" > ".join(self.phases[1:SHOWN_PHASE_DEPTH]), refresh=True)
+            except Exception:  # a display problem must never break a build
+                pass
+
+    return _Monitor()
+
+
+def _parser_errors(parser) -> list[str]:
+    out = []
+    for i in range(parser.num_errors):
+        e = parser.get_error(i)
+        desc = e.desc() if hasattr(e, "desc") else str(e)
+        where = []
+        node = e.node() if hasattr(e, "node") else -1
+        if node is not None and node >= 0:
+            where.append(f"node {node}")
+        for attr, label in (("node_name", ""), ("node_operator", "op ")):
+            value = getattr(e, attr, None)
+            value = value() if callable(value) else value
+            if value:
+                where.append(f"{label}{value}")
+        out.append(f"{desc}" + (f" [{', '.join(where)}]" if where else ""))
+    return out
+
+
+def _check_network(net, spec: GraphSpec, profiles: list[Profile], where: str) -> None:
+    """The parsed network's IO must be the contract's: names, dtypes, fixed dims; profiles must cover every input."""
+    ins = {net.get_input(i).name: net.get_input(i) for i in range(net.num_inputs)}
+    outs = {net.get_output(i).name: net.get_output(i) for i in range(net.num_outputs)}
+    if set(ins) != set(spec.input_names) or set(outs) != set(spec.output_names):
+        raise EngineError(
+            f"{where}: the network's inputs {sorted(ins)} / outputs {sorted(outs)} are not the manifest's "
+            f"{sorted(spec.input_names)} / {sorted(spec.output_names)} (another export's file?): re-export"
+        )
+    for t in (*spec.inputs, *spec.outputs):
+        tensor = ins.get(t.name) or outs[t.name]
+        got = _dtype_name(tensor.dtype)
+        if got != t.dtype:
+            raise EngineError(f"{where}: {t.name} is {got} in the network, the manifest says {t.dtype}: re-export")
+        shape = tuple(tensor.shape)
+        fixed_ok = len(shape) == len(t.shape) and all(
+            isinstance(w, str) or g in (w, -1) for g, w in zip(shape, t.shape, strict=True))
+        if not fixed_ok:
+            raise EngineError(f"{where}: {t.name} has shape {shape} in the network, the manifest says "
+                              f"{list(t.shape)}: re-export")
+    for p in profiles:
+        missing = [n for n, s in ins.items() if -1 in tuple(s.shape) and n not in p.shapes]
+        extra = [n for n in p.shapes if n not in ins]
+        if missing or extra:
+            raise EngineError(f"{where}: profile {p.name} lacks inputs {missing} / names unknown inputs {extra}")
+        for n, mmo in p.shapes.items():
+            net_shape = tuple(ins[n].shape)
+            for s in mmo:
+                if len(s) != len(net_shape) or any(d != -1 and d != v for d, v in zip(net_shape, s, strict=True)):
+                    raise EngineError(f"{where}: profile {p.name} gives input {n} shape {list(s)}, which does not "
+                                      f"fit the network's {list(net_shape)}")
+
+
+def _lib_label(lib: TrtLib) -> str:
+    return f"{lib.name} {lib.version}"
+
+
+def build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profiles: list[Profile], *,
+                workspace: int | None = None, timing_cache=None, bar=None) -> BuiltEngine:
+    """Parse ``onnx_path`` into a strongly typed network, add ``profiles`` and build a serialized engine.
+
+    timing_cache: an ITimingCache made by the caller's config (tensorrt only), shared across graphs.
+    """
+    trt = lib.module
+    logger = _make_logger(lib)
+    where = f"graph {graph} ({onnx_path.name}, {_lib_label(lib)})"
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    net = builder.create_network(flags)
+    parser = trt.OnnxParser(net, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        msgs = _parser_errors(parser) or logger.errors or ["(TensorRT gave no message)"]
+        raise EngineError(f"TensorRT could not parse {where}:\n  " + "\n  ".join(msgs))
+    _check_network(net, spec, profiles, where)
+
+    config = builder.create_builder_config()
+    if workspace is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace))
+    if timing_cache is not None:
+        config.set_timing_cache(timing_cache, False)
+    monitor = _make_monitor(lib, bar)
+    if monitor is not None:
+        config.progress_monitor = monitor
+    readback: list[Profile] = []
+    for p in profiles:
+        prof = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in p.shapes.items():
+            prof.set_shape(name, lo, opt, hi)
+        if config.add_optimization_profile(prof) < 0:
+            raise EngineError(f"TensorRT rejected optimisation profile {p.name} of {where} ({p.range_text()}):\n  "
+                              + "\n  ".join(logger.errors or ["(TensorRT gave no message)"]))
+        shapes = {n: tuple(tuple(int(d) for d in s) for s in prof.get_shape(n)) for n in p.shapes}
+        readback.append(Profile(p.name, dict(p.axes), shapes))
+
+    t0 = time.perf_counter()
+    try:
+        data = builder.build_serialized_network(net, config)
+    except Exception as e:  # some bindings raise instead of returning None
+        logger.errors.append(f"{type(e).__name__}: {e}")
+        data = None
+    build_s = time.perf_counter() - t0
+    if data is None:
+        profile_text = "; ".join(f"{i} {p.name}: {p.range_text()}" for i, p in enumerate(profiles))
+        raise EngineError(f"TensorRT could not build {where} with profiles [{profile_text}]:\n  "
+                          + "\n  ".join(logger.errors or ["(TensorRT gave no message)"]))
+    return BuiltEngine(bytes(memoryview(data)), build_s, readback, list(logger.warnings))
+
+
+def build_engines(directory: str | Path, options: BuildOptions | None = None, progress: bool = True):
+    """Build engines for every graph of an artifact directory and record them in its manifest.
+
+    Returns the updated Manifest. Raises EngineError / ManifestError with a clear message.
+    """
+    directory = Path(directory)
+    options = options or BuildOptions()
+    manifest = load_manifest(directory)
+    popts = resolve_options(manifest, ProfileOptions(options.max_batch, options.max_prefill,
+                                                     options.max_tree_tokens))
+    workspace = parse_size(options.workspace)
+    lib = load_lib(options.engine_lib)
+    trt = lib.module
+
+    timing_cache = None
+    cache_path = Path(options.timing_cache) if options.timing_cache else None
+    cache_owner = None  # the builder and config that own the shared timing cache
+    if cache_path is not None:
+        if lib.is_rtx:
+            log.warning("--timing-cache %s is ignored: TensorRT-RTX has no timing cache (its timing cache calls are "
+                        "no-ops)", cache_path)
+            cache_path = None
+        else:
+            blob = cache_path.read_bytes() if cache_path.is_file() else b""
+            cache_builder = trt.Builder(_make_logger(lib))
+            cache_owner = (cache_builder, cache_builder.create_builder_config())
+            timing_cache = cache_owner[1].create_timing_cache(blob)
+
+    names = list(manifest.graphs)
+    bar = tqdm(total=len(names), desc="build", unit="engine", disable=not progress)
+    built: dict[str, tuple[EngineEntry, Path]] = {}
+    tmp_files: list[Path] = []
+    try:
+        for name in names:
+            entry = manifest.graphs[name]
+            bar.set_description(f"build {name}")
+            profiles = graph_profiles(manifest, name, popts)
+            result = build_graph(lib, directory / entry.file, name, entry.spec, profiles, workspace=workspace,
+                                 timing_cache=timing_cache, bar=bar if progress else None)
+            file = Path(entry.file).stem + ENGINE_SUFFIX
+            tmp = directory / f".{file}.partial"
+            tmp_files.append(tmp)
+            tmp.write_bytes(result.data)
+            built[name] = (EngineEntry(file=file, size_bytes=len(result.data), build_s=round(result.build_s, 3),
+                                       precision=manifest.dtype, strongly_typed=True,
+                                       profiles=[p.to_dict() for p in result.profiles]), tmp)
+            bar.update()
+        for entry, tmp in built.values():
+            os.replace(tmp, directory / entry.file)
+        if cache_path is not None and timing_cache is not None:
+            cache_path.write_bytes(bytes(memoryview(timing_cache.serialize())))
+        manifest.engines = EnginesInfo(
+            lib=lib.name, lib_version=lib.version, built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            options={**popts.to_dict(), "workspace": workspace,
+                     "timing_cache": str(cache_path) if cache_path is not None else None},
+            graphs={name: e for name, (e, _) in built.items()},
+        )
+        manifest.write(directory)
+    finally:
+        bar.close()
+        for tmp in tmp_files:
+            tmp.unlink(missing_ok=True)
+        del cache_owner
+    return manifest

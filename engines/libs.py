@@ -1,0 +1,86 @@
+"""One name for the two TensorRT Python modules: ``tensorrt`` (10.x/11.x) and ``tensorrt_rtx`` (TensorRT for RTX).
+
+Both expose the same builder/runtime API for what we use (Builder, STRONGLY_TYPED networks, OnnxParser,
+optimisation profiles, build_serialized_network, Runtime, IExecutionContext.set_input_shape /
+set_tensor_address / execute_async_v3). The differences we meet are handled where they occur:
+
+- ``tensorrt_rtx`` ignores timing caches (a no-op since TensorRT-RTX 1.2), so ``--timing-cache`` is used
+  with ``tensorrt`` only;
+- ``tensorrt_rtx`` builds ahead of time without a GPU (kernels are compiled for the GPU at first run), so
+  CI builds real engines with it; ``tensorrt`` needs a GPU to build.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from types import ModuleType
+
+from eagle_export.errors import EngineError
+
+#: CLI spelling -> module name (None: auto).
+LIB_CHOICES = {"auto": None, "tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx", "tensorrt_rtx": "tensorrt_rtx"}
+#: module -> supported major versions.
+SUPPORTED_MAJORS = {"tensorrt": (10, 11), "tensorrt_rtx": (1,)}
+#: module -> how to install it.
+PIP_HINTS = {
+    "tensorrt": "pip install tensorrt (10.x or 11.x; NVIDIA's wheels need a CUDA machine to build engines)",
+    "tensorrt_rtx": "pip install tensorrt-rtx-cu12==1.7.1.116 (builds engines without a GPU)",
+}
+AUTO_ORDER = ("tensorrt", "tensorrt_rtx")
+
+
+@dataclass(frozen=True)
+class TrtLib:
+    name: str  # "tensorrt" or "tensorrt_rtx"
+    module: ModuleType
+    version: str
+
+    @property
+    def is_rtx(self) -> bool:
+        return self.name == "tensorrt_rtx"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+def _major(version: str) -> int | None:
+    m = re.match(r"(\d+)", version)
+    return int(m.group(1)) if m else None
+
+
+def _import(name: str) -> TrtLib:
+    """Import one module; ImportError (or a broken install's OSError) becomes an EngineError naming the fix."""
+    try:
+        module = importlib.import_module(name)
+    except (ImportError, OSError) as e:
+        raise EngineError(f"cannot import {name} ({type(e).__name__}: {e}): {PIP_HINTS[name]}") from None
+    version = str(getattr(module, "__version__", "unknown"))
+    major = _major(version)
+    if major not in SUPPORTED_MAJORS[name]:
+        wanted = " or ".join(f"{m}.x" for m in SUPPORTED_MAJORS[name])
+        raise EngineError(f"{name} {version} is not supported: eagle-export needs {name} {wanted}")
+    return TrtLib(name, module, version)
+
+
+def module_name(choice: str) -> str | None:
+    if choice not in LIB_CHOICES:
+        shown = ", ".join(k for k in LIB_CHOICES if "_" not in k)
+        raise EngineError(f"engine library {choice!r} is not one of: {shown}")
+    return LIB_CHOICES[choice]
+
+
+def load_lib(choice: str = "auto") -> TrtLib:
+    """``auto``: ``tensorrt`` when it imports (and is a supported version), else ``tensorrt_rtx``."""
+    name = module_name(choice)
+    if name is not None:
+        return _import(name)
+    problems = []
+    for candidate in AUTO_ORDER:
+        try:
+            return _import(candidate)
+        except EngineError as e:
+            problems.append(str(e))
+    raise EngineError("no TensorRT Python module is usable: " + "; ".join(problems))
