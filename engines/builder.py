@@ -25,7 +25,7 @@ from eagle_export.contract import GraphSpec
 from eagle_export.errors import EngineError
 from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
 
-from .libs import TrtLib, load_lib
+from .libs import TrtLib, load_lib, make_logger
 from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options
 
 log = logging.getLogger(__name__)
@@ -74,31 +74,6 @@ class BuiltEngine:
 
 def _dtype_name(dt) -> str:
     return TRT_DTYPES.get(getattr(dt, "name", str(dt).rsplit(".", 1)[-1]), str(dt))
-
-
-def _make_logger(lib: TrtLib):
-    trt = lib.module
-
-    class _Logger(trt.ILogger):
-        """Keeps TensorRT's messages for error reports; warnings go to Python logging at debug level."""
-
-        def __init__(self):
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-            self.warnings: list[str] = []
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                self.errors.append(msg)
-            elif severity == trt.ILogger.Severity.WARNING:
-                self.warnings.append(msg)
-                log.debug("TensorRT: %s", msg)
-
-        def reset(self):
-            self.errors.clear()
-            self.warnings.clear()
-
-    return _Logger()
 
 
 def _make_monitor(lib: TrtLib, bar):
@@ -198,7 +173,7 @@ def build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profi
     timing_cache: an ITimingCache made by the caller's config (tensorrt only), shared across graphs.
     """
     trt = lib.module
-    logger = _make_logger(lib)
+    logger = make_logger(lib)
     where = f"graph {graph} ({onnx_path.name}, {_lib_label(lib)})"
     builder = trt.Builder(logger)
     flags = 0
@@ -268,7 +243,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             cache_path = None
         else:
             blob = cache_path.read_bytes() if cache_path.is_file() else b""
-            cache_builder = trt.Builder(_make_logger(lib))
+            cache_builder = trt.Builder(make_logger(lib))
             cache_owner = (cache_builder, cache_builder.create_builder_config())
             timing_cache = cache_owner[1].create_timing_cache(blob)
 

@@ -13,11 +13,14 @@ set_tensor_address / execute_async_v3). The differences we meet are handled wher
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from dataclasses import dataclass
 from types import ModuleType
 
 from eagle_export.errors import EngineError
+
+log = logging.getLogger(__name__)
 
 #: CLI spelling -> module name (None: auto).
 LIB_CHOICES = {"auto": None, "tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx", "tensorrt_rtx": "tensorrt_rtx"}
@@ -84,3 +87,28 @@ def load_lib(choice: str = "auto") -> TrtLib:
         except EngineError as e:
             problems.append(str(e))
     raise EngineError("no TensorRT Python module is usable: " + "; ".join(problems))
+
+
+def make_logger(lib: TrtLib):
+    trt = lib.module
+
+    class _Logger(trt.ILogger):
+        """Keeps TensorRT's messages for error reports; warnings go to Python logging at debug level."""
+
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+            self.warnings: list[str] = []
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                self.errors.append(msg)
+            elif severity == trt.ILogger.Severity.WARNING:
+                self.warnings.append(msg)
+                log.debug("TensorRT: %s", msg)
+
+        def reset(self):
+            self.errors.clear()
+            self.warnings.clear()
+
+    return _Logger()

@@ -27,7 +27,7 @@ from eagle_export.tree_params import TreeParams
 from .generator import GenerationResult, Generator
 
 log = logging.getLogger(__name__)
-BACKENDS = ("ort",)
+BACKENDS = ("ort", "tensorrt")
 
 
 class _OwnedLock:
@@ -92,8 +92,9 @@ class EagleRuntime:
              threads: int | None = None, prefill_chunk: int = 256) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
-        threads: intra-op threads per graph (None: the backend's default); prefill_chunk: prompt
-        tokens per prefill forward (bounds the prefill's scratch memory).
+        backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
+        on a CUDA GPU). threads: intra-op threads per graph (ort; None: its default); prefill_chunk: prompt
+        tokens per prefill forward (bounds the prefill's scratch memory; tensorrt caps it at --max-prefill).
         """
         directory = Path(directory)
         manifest = load_manifest(directory)
@@ -101,6 +102,11 @@ class EagleRuntime:
             from .ort_backend import OrtBackend
 
             be = OrtBackend(directory, manifest, providers, threads)
+        elif backend == "tensorrt":
+            from .trt_backend import TrtBackend
+
+            be = TrtBackend(directory, manifest)
+            prefill_chunk = min(prefill_chunk, be.max_prefill)  # prefill chunks must fit the prefill profile
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
         tokenizer = None

@@ -150,6 +150,9 @@ class Generator:
         tree = tree or self.m.tree_defaults
         if use_draft:
             tree.validate(self.m.tree_limits)
+            check = getattr(self.backend, "check_tree", None)  # engines may be built for smaller trees
+            if check is not None:
+                check(tree)
         ids = self.check_prompt(prompt_ids)
         return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos)
 

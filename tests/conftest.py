@@ -55,3 +55,40 @@ def models(tmp_path_factory) -> ModelFactory:
 def tiny(models):
     """The default tiny model with a tokenizer: (target, draft, artifact)."""
     return models("mha", vocab=256, with_tokenizer=True)
+
+
+# Engines: a small artifact (max_seq_len 64, tree limits 4/3/12) keeps TensorRT-RTX builds to seconds.
+ENGINE_MODEL = dict(preset="mha", max_seq_len=64, limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
+
+
+class EngineFactory:
+    """Copies of small artifacts with TensorRT-RTX engines built into them, each built at most once per session."""
+
+    def __init__(self, models: ModelFactory, root: Path):
+        self.models = models
+        self.root = root
+        self._cache: dict[tuple, Path] = {}
+        self.build_seconds: dict[tuple, float] = {}
+
+    def artifact(self, dtype: str = "fp32") -> Path:
+        return self.models(dtype=dtype, **ENGINE_MODEL)[2]
+
+    def __call__(self, dtype: str = "fp32") -> Path:
+        import shutil
+        import time
+
+        from eagle_export.engines.builder import BuildOptions, build_engines
+
+        key = (dtype,)
+        if key not in self._cache:
+            art = shutil.copytree(self.artifact(dtype), self.root / f"engines_{dtype}")
+            t0 = time.perf_counter()
+            build_engines(art, BuildOptions(engine_lib="tensorrt-rtx"), progress=False)
+            self.build_seconds[key] = time.perf_counter() - t0
+            self._cache[key] = art
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def engines(models, tmp_path_factory) -> EngineFactory:
+    return EngineFactory(models, tmp_path_factory.mktemp("engines"))
