@@ -162,6 +162,21 @@ def _check_network(net, spec: GraphSpec, profiles: list[Profile], where: str) ->
                                       f"fit the network's {list(net_shape)}")
 
 
+def profile_deviations(spec: GraphSpec, profile: Profile) -> list[str]:
+    """Inputs whose min/opt/max shape differs from what the profile's axes give (total_len = past_len + new_tokens)."""
+    out = []
+    for i, point in enumerate(("min", "opt", "max")):
+        axes = {a: v[i] for a, v in profile.axes.items()}
+        for t in spec.inputs:
+            if t.name not in profile.shapes:
+                continue
+            want = tuple(axes.get(d, -1) if isinstance(d, str) else d for d in t.shape)
+            got = tuple(profile.shapes[t.name][i])
+            if got != want:
+                out.append(f"profile {profile.name} {point} {t.name} {list(got)} (axes give {list(want)})")
+    return out
+
+
 def _lib_label(lib: TrtLib) -> str:
     return f"{lib.name} {lib.version}"
 
@@ -214,8 +229,11 @@ def build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profi
     build_s = time.perf_counter() - t0
     if data is None:
         profile_text = "; ".join(f"{i} {p.name}: {p.range_text()}" for i, p in enumerate(profiles))
+        odd = [d for p in profiles for d in profile_deviations(spec, p)]
         raise EngineError(f"TensorRT could not build {where} with profiles [{profile_text}]:\n  "
-                          + "\n  ".join(logger.errors or ["(TensorRT gave no message)"]))
+                          + "\n  ".join(logger.errors or ["(TensorRT gave no message)"])
+                          + ("\n  inputs whose profile shapes do not follow the profile's axes: " + "; ".join(odd)
+                             if odd else ""))
     return BuiltEngine(bytes(memoryview(data)), build_s, readback, list(logger.warnings))
 
 
