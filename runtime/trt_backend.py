@@ -195,7 +195,7 @@ class GraphBindings:
     def _bind_input(self, name: str, d: TensorDesc) -> Binding:
         if d.address is None:
             return Binding(name, d.shape, self._staged(name, d, "a host array").address, stage="h2d")
-        if d.address == 0 and d.nbytes:
+        if d.address == 0:
             raise self._err(f"input {name} has a null address")
         if d.address % self.alignment:
             buf = self._staged(name, d, f"at an address not {self.alignment}-byte aligned")
@@ -215,6 +215,15 @@ class GraphBindings:
         return Binding(name, d.shape, d.address)
 
 
+def tensor_address(t: torch.Tensor) -> int:
+    """Where the tensor's data starts. torch reports 0 for an empty tensor (e.g. the cache prefix before
+    the first prefill, past_len 0); TensorRT wants a non-null address for every input, so an empty view
+    gets the address it would start at (the buffer's own, aligned base for a cache prefix)."""
+    if t.numel() == 0:
+        return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    return t.data_ptr()
+
+
 def describe(x, is_device: Callable[[torch.Tensor], bool] | None = None,
              address: Callable[[torch.Tensor], int] | None = None) -> TensorDesc:
     """A TensorDesc for a torch tensor or numpy array. Device: CUDA tensors (tests may say otherwise)."""
@@ -222,7 +231,7 @@ def describe(x, is_device: Callable[[torch.Tensor], bool] | None = None,
         if not x.is_contiguous():
             raise EngineError("bound tensors must be contiguous")
         on_device = is_device(x) if is_device is not None else x.is_cuda
-        ptr = (address(x) if address is not None else x.data_ptr()) if on_device else None
+        ptr = (address or tensor_address)(x) if on_device else None
         return TensorDesc(tuple(x.shape), TORCH_DTYPE_NAMES[x.dtype], ptr)
     arr = np.asarray(x)
     if not arr.flags.c_contiguous:
