@@ -2,7 +2,7 @@
 profiles of ``profiles.py``, serialize it next to the graph, and record what was built in the manifest.
 
 - Strongly typed networks: every layer keeps the dtype the ONNX graph gives it (fp32, fp16 or bf16 exports;
-  logits and top-k log-probs stay float32), so no precision flag is set.
+  logits and top-k log-probs stay float32), so no precision flag is set, and TF32 is switched off.
 - Progress: a bar over the graphs whose postfix follows TensorRT's build phases (IProgressMonitor).
 - Errors: a failed parse or build raises EngineError with the graph, the file, the library and version,
   the profiles (for a build) and TensorRT's own messages (parser errors with their node, logger errors).
@@ -202,6 +202,10 @@ def build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profi
     _check_network(net, spec, profiles, where)
 
     config = builder.create_builder_config()
+    # Strongly typed: layer precisions follow the ONNX graph. TF32 (on by default for fp32 matmuls on Ampere
+    # and later) would quietly compute fp32 layers with 10-bit mantissas, so it is switched off.
+    if hasattr(trt.BuilderFlag, "TF32"):
+        config.clear_flag(trt.BuilderFlag.TF32)
     if workspace is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace))
     if timing_cache is not None:

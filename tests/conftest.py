@@ -70,8 +70,12 @@ class EngineFactory:
         self._cache: dict[tuple, Path] = {}
         self.build_seconds: dict[tuple, float] = {}
 
+    def sources(self, dtype: str = "fp32") -> tuple[Path, Path, Path]:
+        """(target, draft, artifact without engines)."""
+        return self.models(dtype=dtype, **ENGINE_MODEL)
+
     def artifact(self, dtype: str = "fp32") -> Path:
-        return self.models(dtype=dtype, **ENGINE_MODEL)[2]
+        return self.sources(dtype)[2]
 
     def __call__(self, dtype: str = "fp32") -> Path:
         import shutil
