@@ -166,3 +166,14 @@ def test_engine_files_are_named_after_graphs(engines):
     e = load_manifest(engines("fp32")).engines
     assert {n: g.file for n, g in e.graphs.items()} == {n: f"{n}.engine" for n in (C.TARGET_GRAPH, C.DRAFT_GRAPH)}
     assert Path(engines("fp32"), "target_verify.onnx").is_file()  # the ONNX graphs stay for the ort backend
+
+
+def test_manifest_without_engines_still_loads(engines, tmp_path):
+    """Manifests written before `build` existed (no `engines` key) load, and write back without the key."""
+    art = shutil.copytree(engines("fp32"), tmp_path / "art")
+    raw = json.loads((art / MANIFEST_NAME).read_text())
+    assert "engines" in raw
+    raw.pop("engines")
+    (art / MANIFEST_NAME).write_text(json.dumps(raw))
+    m = load_manifest(art)
+    assert m.engines is None and m.to_dict() == raw
