@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_target
@@ -14,6 +15,10 @@ from eagle_export.tree_params import TreeLimits
 # A small vocabulary keeps random drafts' top-k covering the target's choice often enough that
 # trees get accepted several levels deep, so commit and rollback paths are exercised.
 SMALL_VOCAB = 48
+
+# Tiny models gain nothing from intra-op threads; on a shared 2-core machine a second OpenMP thread that
+# sleeps between the short torch calls (interleaved with ONNX Runtime calls) costs a scheduler slice per op.
+torch.set_num_threads(1)
 
 
 class ModelFactory:
