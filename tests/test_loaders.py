@@ -69,6 +69,7 @@ def draft_outputs(artifact: Path) -> list[np.ndarray]:
     feeds = {
         "input_ids": rng.integers(3, m.target.vocab_size, (1, n)),
         "features": rng.standard_normal((1, n, d.feature_dim)).astype(np.float32),
+        "hidden_in": np.zeros((1, 0, d.hidden_size), np.float32),
         "position_ids": np.arange(n, dtype=np.int64)[None],
         "attention_mask": np.tril(np.ones((n, n), dtype=bool))[None],
         "past_key.0": empty,

@@ -84,8 +84,8 @@ def test_missing_field(copy):
 
 
 def test_unknown_variant(copy):
-    edit_manifest(copy, lambda m: m.update(variant="eagle3"))
-    broken(copy, "variant 'eagle3'", "eagle1")
+    edit_manifest(copy, lambda m: m.update(variant="eagle4"))
+    broken(copy, "variant 'eagle4'", "eagle1, eagle3")
 
 
 @pytest.mark.parametrize("graph", ["target_verify", "draft_step"])
@@ -133,7 +133,8 @@ def test_runtime_allocates_buffers_once(artifact):
     assert len(g.tcache.buffers) == 2 * m.target.num_layers and len(g.dcache.buffers) == 2
 
     def pointers() -> list[int]:
-        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in]
+        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in,
+                   g.dhidden_in]
         return [t.data_ptr() for t in tensors] + [g._mask.ctypes.data]
 
     before = pointers()
