@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from model_table import EAGLE3_MODELS
 
 from eagle_export import contract as C
 from eagle_export.export.loaders import load_draft_head, load_target
@@ -20,13 +21,6 @@ from eagle_export.manifest import load_manifest
 TOL = 1e-4
 # (batch, draft rows from features, draft rows from hidden_in, past); the target gets new = both.
 SHAPES = [(1, 5, 0, 0), (2, 0, 4, 0), (1, 3, 0, 9), (2, 4, 3, 6), (1, 0, 1, 12), (2, 1, 0, 3), (1, 0, 4, 7)]
-# Shared with test_lossless (same factory keys, so each artifact is exported once per session).
-EAGLE3_MODELS = {
-    "llama-d2t": ("gqa", dict(eagle3=True, draft_vocab=32)),
-    "qwen2-identity": ("qwen2", dict(eagle3=True)),
-    "qwen3-d2t-ownembed": ("qwen3", dict(eagle3=True, draft_vocab=32, own_embedding="random")),
-    "mistral-narrow": ("mistral", dict(eagle3=True, draft_hidden=32, own_embedding="random")),
-}
 
 
 def random_mask(rng, b, t, p):
