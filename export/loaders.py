@@ -78,7 +78,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: 
             f"target: {path} is model_type={model_type!r} ({arch}); supported target families: {supported}"
         )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise CheckpointError(f"target: {path} has config.json but no weights (*.safetensors)")
+        raise CheckpointError(f"target: {path} has config.json but no weights (*.safetensors or *.bin)")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
