@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import contract as C
 from .contract import CONTRACT_VERSION, GraphSpec, spec_from_dict
 from .errors import ManifestError
 from .tree_params import TreeLimits, TreeParams
@@ -156,7 +157,6 @@ def _tensor(spec: GraphSpec, name: str):
 def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
     """The runtime's expectations of a manifest: a known variant whose fields agree with each other and with
     the graph specs. Any disagreement is a ManifestError naming both values."""
-    from . import contract as C
 
     def fail(msg: str) -> None:
         raise ManifestError(f"{path}: {msg}: re-export")
