@@ -39,7 +39,8 @@ def main() -> None:
 @click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
               help="Hugging Face target directory (config.json + safetensors).")
 @click.option("--draft", "draft_dir", required=True, type=click.Path(path_type=Path),
-              help="EAGLE-1/2 head directory (config.json + model.safetensors or pytorch_model.bin).")
+              help="EAGLE head directory, EAGLE-1/2 (layers.0.*) or EAGLE-3 (midlayer.*): config.json + "
+                   "model.safetensors or pytorch_model.bin.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
@@ -53,16 +54,21 @@ def main() -> None:
 @click.option("--depth", type=int, default=_DEF_TREE.depth, show_default=True, help="Default tree depth.")
 @click.option("--total-tokens", type=int, default=_DEF_TREE.total_tokens, show_default=True,
               help="Default number of draft nodes verified per round.")
+@click.option("--feature-layers", default=None,
+              help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
+                   "it concatenates them (default: the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_artifact
 
+    layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
-                         tree=TreeParams(top_k, depth, total_tokens), overwrite=overwrite)
+                         tree=TreeParams(top_k, depth, total_tokens), overwrite=overwrite,
+                         feature_layers=layers)
     path = export_artifact(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(f"wrote {path}")
 
@@ -97,11 +103,11 @@ def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, wor
     click.echo(f"built with {e.lib} {e.lib_version} into {artifact}")
 
 
-def _parse_ids(text: str) -> list[int]:
+def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
-        raise EagleExportError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+        raise EagleExportError(f"{option} must be comma-separated integers, got {text!r}") from None
 
 
 @main.command("generate")

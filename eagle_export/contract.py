@@ -17,13 +17,23 @@ Conventions (both graphs):
   cost follows the real length, not the capacity.
 - ``present_*`` outputs hold only the K/V of the new tokens; the runtime binds
   them straight into the cache rows that follow the past.
+
+Draft step graph inputs (version 2): the draft's new rows come from two sources, the
+target's features (``features`` [batch, feature_rows, feature_dim]: fc applied inside the
+graph) and the draft's own fed-back output (``hidden_in`` [batch, hidden_rows, hidden_size]:
+no fc for EAGLE-3; for EAGLE-1/2 it goes through fc with the token embedding exactly like a
+feature row). The new rows are the feature rows followed by the hidden rows, so
+``new_tokens = feature_rows + hidden_rows``; the runtime passes ``hidden_rows = 0`` for a
+context pass and ``feature_rows = 0`` for a tree level (zero-size inputs). One graph serves
+EAGLE-1/2 and EAGLE-3 with the same IO names; only ``feature_dim`` differs (hidden size vs
+len(feature_layers) x hidden size).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-CONTRACT_VERSION = 1
+CONTRACT_VERSION = 2
 
 # Axis names.
 BATCH = "batch"
@@ -31,6 +41,8 @@ NEW_TOKENS = "new_tokens"
 PAST_LEN = "past_len"
 TOTAL_LEN = "total_len"  # past_len + new_tokens
 LOGIT_ROWS = "logit_rows"
+FEATURE_ROWS = "feature_rows"  # draft: rows fed from target features
+HIDDEN_ROWS = "hidden_rows"  # draft: rows fed from the draft's own output (tree levels)
 
 # Graph names (also the ONNX file stems).
 TARGET_GRAPH = "target_verify"
@@ -45,8 +57,9 @@ LOGIT_INDICES = "logit_indices"
 # Target outputs.
 LOGITS = "logits"
 FEATURES = "features"
-# Draft only: input feature (target feature or the draft's own fed-back hidden) and outputs.
+# Draft only: inputs (target features; the draft's own fed-back hidden) and outputs.
 DRAFT_FEATURES = "features"
+HIDDEN_IN = "hidden_in"
 TOPK_LOGPROBS = "topk_logprobs"
 TOPK_IDS = "topk_ids"
 HIDDEN = "hidden"
@@ -155,10 +168,15 @@ def target_verify_spec(*, num_layers: int, kv_heads: int, head_dim: int, vocab_s
 
 def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, top_k: int,
                     dtype: str) -> GraphSpec:
-    """Draft step graph: the head over [batch, new_tokens] with top-k inside the graph."""
+    """Draft step graph: the head over [batch, new_tokens] with top-k inside the graph.
+
+    new_tokens = feature_rows + hidden_rows: rows from target ``features`` first, then rows from the
+    fed-back ``hidden_in``. ``topk_ids`` are target-vocabulary ids (EAGLE-3's d2t applied inside).
+    """
     inputs = [
         TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_TOKENS)),
-        TensorSpec(DRAFT_FEATURES, dtype, (BATCH, NEW_TOKENS, feature_dim)),
+        TensorSpec(DRAFT_FEATURES, dtype, (BATCH, FEATURE_ROWS, feature_dim)),
+        TensorSpec(HIDDEN_IN, dtype, (BATCH, HIDDEN_ROWS, hidden_size)),
         TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),
         TensorSpec(ATTENTION_MASK, "bool", (BATCH, NEW_TOKENS, TOTAL_LEN)),
         *_cache_specs(past_key, past_value, 1, kv_heads, head_dim, dtype, PAST_LEN),

@@ -7,13 +7,16 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import contract as C
 from .contract import CONTRACT_VERSION, GraphSpec, spec_from_dict
 from .errors import ManifestError
 from .tree_params import TreeLimits, TreeParams
 
 MANIFEST_NAME = "manifest.json"
-SCHEMA_VERSION = 1
-VARIANTS = ("eagle1",)  # EAGLE-1 and EAGLE-2 heads share one layout; EAGLE-2 is the dynamic tree policy.
+SCHEMA_VERSION = 2
+# EAGLE-1 and EAGLE-2 heads share one layout ("eagle1"; EAGLE-2 is the dynamic tree policy); "eagle3" is the
+# multi-layer-feature head with its own draft vocabulary.
+VARIANTS = ("eagle1", "eagle3")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class TargetInfo:
     head_dim: int
     vocab_size: int
     feature_dim: int
+    feature_layers: list[int] | None  # EAGLE-3: decoder layers whose inputs make `features`; None: final norm
     max_position_embeddings: int
     eos_token_ids: list[int]
     bos_token_id: int | None
@@ -40,6 +44,8 @@ class DraftInfo:
     kv_heads: int
     head_dim: int
     feature_dim: int
+    vocab_size: int  # draft vocabulary Vd (top-k is taken over it); the target's for EAGLE-1/2
+    d2t_identity: bool  # draft id == target id (no d2t, or Vd == V with zero offsets)
     max_position_embeddings: int
     fc_bias: bool
     own_embedding: bool
@@ -183,9 +189,75 @@ def load_manifest(directory: str | Path) -> Manifest:
         manifest = Manifest.from_dict(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError(f"{path} is malformed ({type(e).__name__}: {e}): re-export") from None
-    if manifest.variant not in VARIANTS:
-        raise ManifestError(f"{path}: variant {manifest.variant!r} is not one of {', '.join(VARIANTS)}")
+    check_manifest(manifest, path)
     for name, entry in manifest.graphs.items():
         if not (directory / entry.file).is_file():
             raise ManifestError(f"{directory}: graph {name} file {entry.file} is missing")
     return manifest
+
+
+def _tensor(spec: GraphSpec, name: str):
+    for t in (*spec.inputs, *spec.outputs):
+        if t.name == name:
+            return t
+    return None
+
+
+def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
+    """The runtime's expectations of a manifest: a known variant whose fields agree with each other and with
+    the graph specs. Any disagreement is a ManifestError naming both values."""
+
+    def fail(msg: str) -> None:
+        raise ManifestError(f"{path}: {msg}: re-export")
+
+    if m.variant not in VARIANTS:
+        raise ManifestError(
+            f"{path}: variant {m.variant!r} is not one of {', '.join(VARIANTS)} (an artifact from a newer "
+            "eagle-export, or an edited manifest)"
+        )
+    t, d = m.target, m.draft
+    if m.variant == "eagle1":
+        if t.feature_layers is not None:
+            fail(f"variant 'eagle1' reads the final hidden state but target.feature_layers is {t.feature_layers}")
+        if t.feature_dim != t.hidden_size:
+            fail(f"variant 'eagle1' needs target.feature_dim == target.hidden_size ({t.hidden_size}), got "
+                 f"{t.feature_dim}")
+        if d.vocab_size != t.vocab_size or not d.d2t_identity:
+            fail(f"variant 'eagle1' drafts over the target vocabulary ({t.vocab_size}), but draft.vocab_size is "
+                 f"{d.vocab_size} (d2t_identity {d.d2t_identity})")
+    else:
+        layers = t.feature_layers
+        if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
+                or not all(isinstance(i, int) and 0 <= i < t.num_layers for i in layers)):
+            fail(f"variant 'eagle3' needs target.feature_layers as distinct layer indices in [0, {t.num_layers}), "
+                 f"got {layers!r}")
+        if t.feature_dim != len(layers) * t.hidden_size:
+            fail(f"target.feature_dim {t.feature_dim} is not len(feature_layers {layers}) x hidden_size "
+                 f"{t.hidden_size} = {len(layers) * t.hidden_size}")
+        if not 1 <= d.vocab_size <= t.vocab_size:
+            fail(f"draft.vocab_size {d.vocab_size} must be between 1 and target.vocab_size {t.vocab_size}")
+        if d.d2t_identity and d.vocab_size != t.vocab_size:
+            fail(f"draft.d2t_identity is true but draft.vocab_size {d.vocab_size} != target.vocab_size "
+                 f"{t.vocab_size}")
+    if d.feature_dim != t.feature_dim:
+        fail(f"draft.feature_dim {d.feature_dim} != target.feature_dim {t.feature_dim}")
+    if m.tree_limits.max_top_k > d.vocab_size:
+        fail(f"tree_limits.max_top_k {m.tree_limits.max_top_k} exceeds draft.vocab_size {d.vocab_size}")
+    # The graph specs must say the same widths as the fields the runtime sizes its buffers from.
+    want = {
+        (C.TARGET_GRAPH, C.FEATURES): t.feature_dim,
+        (C.TARGET_GRAPH, C.LOGITS): t.vocab_size,
+        (C.DRAFT_GRAPH, C.DRAFT_FEATURES): d.feature_dim,
+        (C.DRAFT_GRAPH, C.HIDDEN_IN): d.hidden_size,
+        (C.DRAFT_GRAPH, C.HIDDEN): d.hidden_size,
+        (C.DRAFT_GRAPH, C.TOPK_IDS): m.tree_limits.max_top_k,
+    }
+    for (graph, name), width in want.items():
+        entry = m.graphs.get(graph)
+        if entry is None:
+            fail(f"graph {graph} is not listed")
+        spec = _tensor(entry.spec, name)
+        if spec is None:
+            fail(f"graph {graph} has no {name!r} in its spec (contract version {m.contract_version})")
+        if spec.shape[-1] != width:
+            fail(f"graph {graph} {name!r} is {spec.shape[-1]} wide but the manifest fields say {width}")

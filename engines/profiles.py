@@ -10,10 +10,11 @@ one execution context per profile, so switching costs nothing.
   1 ``verify``: tree verification (``new_tokens`` = ``logit_rows`` = total_tokens + 1 <= V) and plain
     decoding (1 token, 1 logit row). ``past_len`` [1, S-1]: a verify always follows a prefill of >= 1 token.
 
-``draft_step``
-  0 ``prefill``: the draft context pass over a prompt chunk. ``new_tokens`` [1, P], ``past_len`` [0, max].
-  1 ``decode``: one tree level (``top_k`` rows) and the context pass after a round (accepted + 1 <= max_depth
-    + 1 rows). ``new_tokens`` [1, max(K, Dmax + 1)], ``past_len`` [1, max]: it follows the prefill.
+``draft_step`` (rows come from ``features`` or from ``hidden_in``, never both in one call)
+  0 ``context``: context passes: a prompt chunk, and the accepted rows after each round (<= Dmax + 2).
+    ``new_tokens`` = ``feature_rows`` [1, max(P, Dmax + 2)], ``hidden_rows`` 0, ``past_len`` [0, max].
+  1 ``tree``: one tree level, ``new_tokens`` = ``hidden_rows`` [1, K], ``feature_rows`` 0, ``past_len`` [1, max]:
+    it follows the prefill.
 
 Ranges: P = ``--max-prefill`` (default min(256, S), the runtime's prefill chunk), V = ``--max-tree-tokens``
 (default ``max_total_tokens`` + 1), S = ``max_seq_len``, K = ``max_top_k``, Dmax = ``max_depth``;
@@ -26,7 +27,7 @@ Opt (the shapes TensorRT tunes for), chosen deliberately:
   prompt that fits one chunk;
 - verify: the artifact's default tree (``tree_defaults.total_tokens`` + 1 rows, all with logits) at half
   the capacity (``past_len`` = (S-1) // 2), the average position over a long generation;
-- draft decode: one tree level of the default ``top_k`` at half the capacity.
+- draft tree: one tree level of the default ``top_k`` at half the capacity.
 """
 
 from __future__ import annotations
@@ -153,13 +154,17 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
                                            C.LOGIT_ROWS: (1, t_opt, v)}),
         ]
     if graph == C.DRAFT_GRAPH:
+        # Rows come either all from target features (context passes) or all from the draft's own hidden
+        # (tree levels): feature_rows + hidden_rows = new_tokens must hold at every point, so one profile each.
         lim = manifest.tree_limits
-        d_hi = max(lim.max_top_k, lim.max_depth + 1)
-        k_opt = _clamp(manifest.tree_defaults.top_k, 1, d_hi)
+        k_hi = lim.max_top_k
+        k_opt = _clamp(manifest.tree_defaults.top_k, 1, k_hi)
+        c_hi = max(p, lim.max_depth + 2)  # a prompt chunk, or the accepted rows + bonus after a round
         return [
-            make_profile("prefill", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, p, p), C.PAST_LEN: (0, 0, past_hi)}),
-            make_profile("decode", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, k_opt, d_hi),
-                                           C.PAST_LEN: (1, mid, past_hi)}),
+            make_profile("context", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, p, c_hi), C.FEATURE_ROWS: (1, p, c_hi),
+                                            C.HIDDEN_ROWS: (0, 0, 0), C.PAST_LEN: (0, 0, past_hi)}),
+            make_profile("tree", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, k_opt, k_hi), C.FEATURE_ROWS: (0, 0, 0),
+                                         C.HIDDEN_ROWS: (1, k_opt, k_hi), C.PAST_LEN: (1, mid, past_hi)}),
         ]
     raise EngineError(f"no profiles are defined for graph {graph!r}")
 

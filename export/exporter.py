@@ -21,7 +21,7 @@ from eagle_export.errors import CheckpointError, EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
 from eagle_export.tree_params import TreeLimits, TreeParams
 
-from .loaders import LoadedTarget, load_eagle1_head, load_target
+from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ class ExportOptions:
     tree: TreeParams = field(default_factory=TreeParams)
     max_batch: int = 1
     overwrite: bool = False
+    # EAGLE-3: target decoder layers whose inputs form the draft's features (None: the reference's 2, L//2, L-3).
+    feature_layers: list[int] | None = None
 
 
 def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
@@ -87,14 +89,14 @@ def _pin_io_shapes(model: onnx.ModelProto, spec: C.GraphSpec) -> None:
                 d.dim_value = want
 
 
-def target_info(t: LoadedTarget, feature_dim: int) -> TargetInfo:
+def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | None = None) -> TargetInfo:
     c = t.config
     heads = c.num_attention_heads
     return TargetInfo(
         model_type=c.model_type, architecture=type(t.model).__name__, num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size, num_heads=heads, kv_heads=c.num_key_value_heads or heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
-        feature_dim=feature_dim, max_position_embeddings=c.max_position_embeddings,
+        feature_dim=feature_dim, feature_layers=feature_layers, max_position_embeddings=c.max_position_embeddings,
         eos_token_ids=t.eos_token_ids, bos_token_id=t.bos_token_id, source=str(t.path.resolve()),
     )
 
@@ -128,24 +130,30 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
             f"{target.config.max_position_embeddings}"
         )
+    check_sliding_window(target, options.max_seq_len)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
     steps.update()
     steps.set_postfix_str("loading draft")
-    head, ckpt, dcfg = load_eagle1_head(draft_dir, target)
+    draft = load_draft_head(draft_dir, target, options.feature_layers)
+    head, dcfg = draft.head, draft.config
+    if options.limits.max_top_k > draft.vocab_size:
+        raise CheckpointError(
+            f"--max-top-k {options.limits.max_top_k} exceeds the draft vocabulary of {draft.vocab_size} tokens"
+        )
     target.model.to(dtype)
     head.to(dtype)
     steps.update()
 
     dtype_name = NP_DTYPE_NAMES[dtype]
-    tinfo = target_info(target, feature_dim=target.config.hidden_size)
+    tinfo = target_info(target, feature_dim=draft.feature_dim, feature_layers=draft.feature_layers)
     dheads = dcfg.num_attention_heads
     dinfo = DraftInfo(
         hidden_size=dcfg.hidden_size, num_heads=dheads, kv_heads=dcfg.num_key_value_heads or dheads,
         head_dim=getattr(dcfg, "head_dim", None) or dcfg.hidden_size // dheads,
-        feature_dim=tinfo.feature_dim, max_position_embeddings=dcfg.max_position_embeddings,
-        fc_bias="fc.bias" in ckpt.weights, own_embedding="embed_tokens.weight" in ckpt.weights,
-        source=str(Path(draft_dir).resolve()),
+        feature_dim=draft.feature_dim, vocab_size=draft.vocab_size, d2t_identity=draft.d2t_identity,
+        max_position_embeddings=dcfg.max_position_embeddings, fc_bias=draft.fc_bias,
+        own_embedding=draft.own_embedding, source=str(Path(draft_dir).resolve()),
     )
     tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                  vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
@@ -159,13 +167,14 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     d_past = seq + lim.max_draft_rows
     target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.PAST_LEN: [0, seq - 1],
                    C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}
-    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
-                  C.TOTAL_LEN: [1, d_past + d_new]}
+    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.FEATURE_ROWS: [0, d_new],
+                  C.HIDDEN_ROWS: [0, lim.max_top_k], C.PAST_LEN: [0, d_past], C.TOTAL_LEN: [1, d_past + d_new]}
     draft_positions = seq + lim.max_depth
     if draft_positions > dinfo.max_position_embeddings:
         log.warning(
             "the draft head's max_position_embeddings is %d but with --max-seq-len %d its positions reach %d: "
-            "acceptance may drop past position %d (the head was not trained there); output stays lossless",
+            "acceptance may drop past position %d (the head was not trained there); output stays lossless, and a "
+            "generation that gets there reports it (stats.draft_beyond_position_limit)",
             dinfo.max_position_embeddings, seq, draft_positions, dinfo.max_position_embeddings,
         )
 
@@ -180,13 +189,15 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             rows = torch.tensor([[0, 2]] * b, dtype=torch.long)
             past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
                     for _ in range(2 * tinfo.num_layers)]
-            _export_graph(TargetVerify(target.model).eval(), (ids, pos, mask, rows, *past), tspec,
+            _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
                           tmp / f"{C.TARGET_GRAPH}.onnx")
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
-            feats = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
+            # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
+            feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
+            hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
             dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
-            _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, pos, mask, *dpast), dspec,
+            _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
                           tmp / f"{C.DRAFT_GRAPH}.onnx")
             steps.update()
         steps.set_postfix_str("writing tokenizer and manifest")
@@ -196,7 +207,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         if gen_cfg.is_file():
             shutil.copy2(gen_cfg, tmp / gen_cfg.name)
         manifest = Manifest(
-            variant="eagle1", dtype=dtype_name, max_seq_len=seq, tree_limits=lim, tree_defaults=options.tree,
+            variant=draft.variant, dtype=dtype_name, max_seq_len=seq, tree_limits=lim, tree_defaults=options.tree,
             target=tinfo, draft=dinfo,
             graphs={
                 C.TARGET_GRAPH: GraphEntry(f"{C.TARGET_GRAPH}.onnx", tspec, target_axes),

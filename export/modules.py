@@ -71,7 +71,8 @@ class TargetVerify(nn.Module):
     """Target forward over T new tokens: logits for the requested rows, draft features, new K/V.
 
     feature_layers=None gives the last hidden state after the final norm (EAGLE-1/2);
-    a list of layer indices gives the concatenated inputs of those decoder layers (EAGLE-3).
+    a list of layer indices gives the *inputs* of those decoder layers (hidden_states[i] in
+    transformers' output_hidden_states numbering), concatenated in the list's order (EAGLE-3).
     """
 
     def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None):
@@ -83,16 +84,21 @@ class TargetVerify(nn.Module):
         self.rotary_emb = base.rotary_emb
         self.lm_head = causal_lm.lm_head
         self.feature_layers = list(feature_layers) if feature_layers is not None else None
+        if self.feature_layers is not None:
+            n = len(self.layers)
+            if len(set(self.feature_layers)) != len(self.feature_layers) or not all(
+                    0 <= i < n for i in self.feature_layers):
+                raise ValueError(f"feature_layers {self.feature_layers} must be distinct layer indices in [0, {n})")
 
     def forward(self, input_ids, position_ids, attention_mask, logit_indices, *past):
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(h, position_ids)
         bias = mask_bias(attention_mask)
         presents = []
-        taps = []
+        taps = {}
         for i, layer in enumerate(self.layers):
             if self.feature_layers is not None and i in self.feature_layers:
-                taps.append(h)
+                taps[i] = h
             a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, bias,
                                      past[2 * i], past[2 * i + 1])
             h = h + a
@@ -102,7 +108,7 @@ class TargetVerify(nn.Module):
         if self.feature_layers is None:
             feats = normed
         else:
-            feats = torch.cat([taps[self.feature_layers.index(i)] for i in sorted(self.feature_layers)], -1)
+            feats = torch.cat([taps[i] for i in self.feature_layers], -1)
         rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
         logits = self.lm_head(rows).float()
         return (logits, feats, *presents)
@@ -111,9 +117,11 @@ class TargetVerify(nn.Module):
 class Eagle1Head(nn.Module):
     """EAGLE-1/2 head: fc(concat[embed(x), f]) then one decoder layer without input norm.
 
-    Holds its weights under the published names once loaded with ``load_published``.
     The embedding and lm_head are the target's unless the checkpoint brings its own embedding.
+    Draft vocabulary = target vocabulary, so ``map_ids`` is the identity.
     """
+
+    variant = "eagle1"
 
     def __init__(self, config, fc_bias: bool, embed_tokens: nn.Embedding, lm_head: nn.Module):
         super().__init__()
@@ -128,10 +136,14 @@ class Eagle1Head(nn.Module):
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
 
-    def forward_hidden(self, input_ids, features, position_ids, attention_mask, past_k, past_v):
-        """Returns (hidden [B, T, H], new K, new V)."""
-        emb = self.embed_tokens(input_ids).to(features.dtype)
-        x = self.fc(torch.cat((emb, features), dim=-1))
+    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
+        """Rows: features (target) then hidden_in (fed back); both go through fc with their token's embedding.
+
+        Returns (hidden [B, T, H], new K, new V).
+        """
+        f = torch.cat((features, hidden_in), dim=1)
+        emb = self.embed_tokens(input_ids).to(f.dtype)
+        x = self.fc(torch.cat((emb, f), dim=-1))
         cos, sin = self.rotary_emb(x, position_ids)
         layer = self.layers[0]
         a, k, v = tree_attention(layer.self_attn, x, cos, sin, mask_bias(attention_mask), past_k, past_v)
@@ -142,17 +154,84 @@ class Eagle1Head(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 head in the published layout (``midlayer.*``, ``hidden_norm``, own ``norm`` and ``lm_head``).
+
+    Context rows: h = fc(target features) (F = len(feature_layers) x target hidden -> H, no bias);
+    fed-back rows: h = the head's own previous output g (H wide, no fc). Then
+        x = concat[input_layernorm(embed(token)), hidden_norm(h)]      (2H: q/k/v read 2H)
+        g = h + o_proj(attention(x))                                   (residual is h)
+        g = g + mlp(post_attention_layernorm(g))
+        logits = lm_head(norm(g))                                      (draft vocabulary Vd)
+    and draft ids map to target ids with target_id = draft_id + d2t[draft_id] (identity when
+    ``draft_to_target`` is None).
+    """
+
+    variant = "eagle3"
+
+    def __init__(self, config, feature_dim: int, draft_vocab_size: int, embed_tokens: nn.Embedding,
+                 draft_to_target: torch.Tensor | None = None):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+        hidden = config.hidden_size
+        eps = config.rms_norm_eps
+        self.fc = nn.Linear(feature_dim, hidden, bias=False)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        attn = layer.self_attn
+        bias = bool(getattr(config, "attention_bias", False))
+        # q/k/v read the 2H concat [input_layernorm(embedding), hidden_norm(h)].
+        attn.q_proj = nn.Linear(2 * hidden, attn.q_proj.out_features, bias=bias)
+        attn.k_proj = nn.Linear(2 * hidden, attn.k_proj.out_features, bias=bias)
+        attn.v_proj = nn.Linear(2 * hidden, attn.v_proj.out_features, bias=bias)
+        layer.hidden_norm = LlamaRMSNorm(hidden, eps=eps)
+        self.midlayer = layer
+        self.norm = LlamaRMSNorm(hidden, eps=eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.embed_tokens = embed_tokens
+        if draft_to_target is not None:
+            self.register_buffer("draft_to_target", draft_to_target.to(torch.long), persistent=False)
+        else:
+            self.draft_to_target = None
+
+    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
+        """Rows: features (fc applied) then hidden_in (no fc). Returns (g [B, T, H], new K, new V)."""
+        h = torch.cat((self.fc(features), hidden_in), dim=1)
+        layer = self.midlayer
+        emb = self.embed_tokens(input_ids).to(h.dtype)
+        x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), dim=-1)
+        cos, sin = self.rotary_emb(h, position_ids)
+        a, k, v = tree_attention(layer.self_attn, x, cos, sin, mask_bias(attention_mask), past_k, past_v)
+        g = h + a
+        g = g + layer.mlp(layer.post_attention_layernorm(g))
+        return g, k, v
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden)).float()
+
+    def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> target-vocabulary ids (draft_id + d2t[draft_id], precomputed)."""
+        if self.draft_to_target is None:
+            return ids
+        return self.draft_to_target[ids]
+
 
 class DraftStep(nn.Module):
-    """Draft step graph: head forward + log-softmax + top-k inside the graph."""
+    """Draft step graph: head forward + log-softmax + top-k (+ draft->target id map) inside the graph."""
 
-    def __init__(self, head: Eagle1Head, top_k: int):
+    def __init__(self, head: nn.Module, top_k: int):
         super().__init__()
         self.head = head
         self.top_k = top_k
 
-    def forward(self, input_ids, features, position_ids, attention_mask, past_k, past_v):
-        h, k, v = self.head.forward_hidden(input_ids, features, position_ids, attention_mask, past_k, past_v)
+    def forward(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
+        h, k, v = self.head.forward_hidden(input_ids, features, hidden_in, position_ids, attention_mask,
+                                           past_k, past_v)
         logp = torch.log_softmax(self.head.logits(h), dim=-1)
         vals, ids = torch.topk(logp, self.top_k, dim=-1)
-        return vals, ids, h, k, v
+        return vals, self.head.map_ids(ids), h, k, v

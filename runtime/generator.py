@@ -6,6 +6,7 @@ allocated once (caches, output scratch, mask scratch), so ONNX Runtime and Tenso
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from .accept import accept_greedy
 from .kv_cache import KVCache
 from .tree import TreeGrower
 
+log = logging.getLogger(__name__)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FINISH_REASONS = ("eos", "length", "capacity")
 
@@ -33,6 +35,9 @@ class GenerationStats:
     draft_forwards: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # First draft position at or past the head's max_position_embeddings (None: never got there). Output stays
+    # lossless past it; only acceptance may drop, as the head was not trained there.
+    draft_beyond_position_limit: int | None = None
 
     @property
     def tau(self) -> float:
@@ -43,7 +48,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
-                "draft_forwards": self.draft_forwards, "prefill_s": self.prefill_s, "decode_s": self.decode_s}
+                "draft_forwards": self.draft_forwards, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
+                "draft_beyond_position_limit": self.draft_beyond_position_limit}
 
 
 @dataclass
@@ -83,7 +89,9 @@ class Generator:
         self.dvals = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.float32, device=dev)
         self.dids = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.int64, device=dev)
         self.dhidden = torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev)
-        self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)
+        self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)  # context passes
+        self.dhidden_in = torch.zeros(1, lim.max_top_k, d.hidden_size, dtype=dtype, device=dev)  # tree levels
+        self._warned_draft_limit = False
         mask_elems = max(t_rows * (self.tcache.capacity + t_rows), d_rows * (self.dcache.capacity + d_rows))
         self._mask = np.zeros(mask_elems, dtype=np.bool_)
         self.eos = set(t.eos_token_ids)
@@ -109,22 +117,32 @@ class Generator:
         outputs.update(zip(C.present_names(self.m.target.num_layers), self.tcache.rows(past, n), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
-    def _run_draft(self, ids: np.ndarray, feats: torch.Tensor, pos: np.ndarray, mask: np.ndarray,
-                   past: int) -> None:
+    def _run_draft(self, ids: np.ndarray, feats: torch.Tensor, hidden: torch.Tensor, pos: np.ndarray,
+                   mask: np.ndarray, past: int) -> None:
+        """One draft call: rows fed from target features (``feats``) then from fed-back hiddens (``hidden``)."""
         n = ids.shape[1]
-        inputs = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: feats, C.POSITION_IDS: pos, C.ATTENTION_MASK: mask}
+        inputs = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: feats, C.HIDDEN_IN: hidden, C.POSITION_IDS: pos,
+                  C.ATTENTION_MASK: mask}
         inputs.update(zip(C.past_names(1), self.dcache.past(past), strict=True))
         outputs = {C.TOPK_LOGPROBS: self.dvals[:, :n], C.TOPK_IDS: self.dids[:, :n], C.HIDDEN: self.dhidden[:, :n]}
         outputs.update(zip(C.present_names(1), self.dcache.rows(past, n), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self.stats.draft_forwards += 1
         self._last_row = n - 1
+        limit = self.m.draft.max_position_embeddings
+        if self.stats.draft_beyond_position_limit is None and int(pos.max()) >= limit:
+            self.stats.draft_beyond_position_limit = int(pos.max())
+            if not self._warned_draft_limit:
+                self._warned_draft_limit = True
+                log.warning("the draft head ran at position %d, past its max_position_embeddings %d: output stays "
+                            "lossless, but acceptance may drop (the head was not trained there)",
+                            int(pos.max()), limit)
 
     def _draft_context(self, tokens: np.ndarray, feats: torch.Tensor, start: int) -> None:
         """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..)."""
         n = len(tokens)
         self.dfeats_in[:, :n].copy_(feats)
-        self._run_draft(tokens.reshape(1, n), self.dfeats_in[:, :n],
+        self._run_draft(tokens.reshape(1, n), self.dfeats_in[:, :n], self.dhidden_in[:, :0],
                         np.arange(start, start + n, dtype=np.int64).reshape(1, n), self._causal_mask(n, start), start)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -231,11 +249,11 @@ class Generator:
                     fed = frontier.fed
                     past = Ld + fed
                     src = self.dhidden[0, torch.from_numpy(frontier.parent_rows + (ctx if level == 1 else 0)).to(dev)]
-                    self.dfeats_in[0, :k].copy_(src)
+                    self.dhidden_in[0, :k].copy_(src)
                     mask = self._mask_view(k, past)
                     mask[0, :, :Ld] = True
                     mask[0, :, Ld:] = frontier.tree_mask
-                    self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :k],
+                    self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :0], self.dhidden_in[:, :k],
                                     np.full((1, k), Ld + level - 1, dtype=np.int64), mask, past)
                     frontier = grower.add_children(self.dvals[0, :k].cpu().numpy(), self.dids[0, :k].cpu().numpy())
                 vt = grower.select(tree.total_tokens, root)

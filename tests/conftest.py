@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random targets + EAGLE-1/2 heads, exported once per test session."""
+"""Shared fixtures: tiny random targets + EAGLE-1/2 or EAGLE-3 heads, exported once per test session."""
 
 from __future__ import annotations
 
@@ -6,14 +6,19 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_target
+from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeLimits
 
 # A small vocabulary keeps random drafts' top-k covering the target's choice often enough that
 # trees get accepted several levels deep, so commit and rollback paths are exercised.
 SMALL_VOCAB = 48
+
+# Tiny models gain nothing from intra-op threads; on a shared 2-core machine a second OpenMP thread that
+# sleeps between the short torch calls (interleaved with ONNX Runtime calls) costs a scheduler slice per op.
+torch.set_num_threads(1)
 
 
 class ModelFactory:
@@ -27,9 +32,13 @@ class ModelFactory:
                  vocab: int | None = SMALL_VOCAB, with_tokenizer: bool = False, dtype: str = "fp32",
                  max_seq_len: int = 256, seed: int = 0,
                  weights_format: str = "safetensors", limits: TreeLimits | None = None,
+                 eagle3: bool = False, draft_vocab: int | None = None, draft_hidden: int | None = None,
+                 feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
                  **target_overrides) -> tuple[Path, Path, Path]:
+        """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
-               limits, tuple(sorted(target_overrides.items())))
+               limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers,
+               tuple(sorted(target_overrides.items())))
         if key not in self._cache:
             name = f"m{len(self._cache)}_{preset}"
             base = self.root / name
@@ -37,9 +46,15 @@ class ModelFactory:
             if vocab is not None:
                 overrides["vocab_size"] = vocab
             target = make_tiny_target(base / "target", preset, seed=seed, with_tokenizer=with_tokenizer, **overrides)
-            draft = make_tiny_draft(base / "draft", target, seed=seed + 1, fc_bias=fc_bias,
-                                    own_embedding=own_embedding, weights_format=weights_format)
-            opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits())
+            if eagle3:
+                draft = make_tiny_eagle3_draft(base / "draft", target, seed=seed + 1, draft_vocab_size=draft_vocab,
+                                               own_embedding=own_embedding, weights_format=weights_format,
+                                               hidden_size=draft_hidden, num_feature_layers=num_feature_layers)
+            else:
+                draft = make_tiny_draft(base / "draft", target, seed=seed + 1, fc_bias=fc_bias,
+                                        own_embedding=own_embedding, weights_format=weights_format)
+            opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits(),
+                                 feature_layers=None if feature_layers is None else list(feature_layers))
             art = export_artifact(target, draft, base / "artifact", opts, progress=False)
             self._cache[key] = (target, draft, art)
         return self._cache[key]

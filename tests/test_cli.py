@@ -272,6 +272,20 @@ def test_export_bad_draft_is_one_line(models, tmp_path):
     assert not (tmp_path / "art").exists()
 
 
+def test_export_eagle3_with_feature_layers(models, tmp_path):
+    """An EAGLE-3 head whose fc reads 2 layers, served with --feature-layers; generate runs on it."""
+    target, draft, _ = models("gqa", eagle3=True, num_feature_layers=2, feature_layers=(1, 0))
+    base = ["export", "--target", target, "--draft", draft, "--max-seq-len", 64, "--quiet"]
+    fail(*base, "--out", tmp_path / "a", expect=("fc.weight takes 128 input features", "--feature-layers"))
+    fail(*base, "--out", tmp_path / "a", "--feature-layers", "1,x",
+         expect=("--feature-layers must be comma-separated integers", "'1,x'"))
+    ok(*base, "--out", tmp_path / "a", "--feature-layers", "1,0")
+    m = load_manifest(tmp_path / "a")
+    assert (m.variant, m.target.feature_layers, m.target.feature_dim) == ("eagle3", [1, 0], 128)
+    res = gen(tmp_path / "a", "--prompt-ids", ids(P12), "--max-new-tokens", 12, "--ignore-eos")
+    assert len(res["tokens"]) == 12 and res["stats"]["draft_beyond_position_limit"] is None
+
+
 def test_export_overwrite_onto_a_file(models, tmp_path):
     target, draft, _ = models("mha")
     out = tmp_path / "art"

@@ -51,7 +51,7 @@ def test_build_both_graphs(engines, rtx, dtype, precision):
         expected = [p.to_dict() for p in graph_profiles(m, name, opts)]
         assert g.profiles == expected
         assert [p["name"] for p in g.profiles] == (["prefill", "verify"] if name == C.TARGET_GRAPH
-                                                   else ["prefill", "decode"])
+                                                   else ["context", "tree"])
     # No temporary files are left behind and the manifest round-trips with its engines entry.
     assert not [p for p in art.iterdir() if p.name.endswith(".partial")]
     raw = json.loads((art / MANIFEST_NAME).read_text())

@@ -48,13 +48,17 @@ def test_target_profiles_exact(manifest):
 
 def test_draft_profiles_exact(manifest):
     pre, dec = graph_profiles(manifest, C.DRAFT_GRAPH, resolve_options(manifest))
-    assert pre.name == "prefill" and dec.name == "decode"
-    # past_len max is the manifest's S + max_depth * max_top_k = 64 + 12; decode new_tokens max(K, Dmax + 1) = 4.
-    assert axes_of(pre) == {"batch": [1, 1, 1], "new_tokens": [1, 64, 64], "past_len": [0, 0, 76],
-                            "total_len": [1, 64, 140]}
-    assert axes_of(dec) == {"batch": [1, 1, 1], "new_tokens": [1, 4, 4], "past_len": [1, 31, 76],
-                            "total_len": [2, 35, 80]}
-    assert dec.shapes[C.DRAFT_FEATURES] == ((1, 1, 64), (1, 4, 64), (1, 4, 64))
+    assert pre.name == "context" and dec.name == "tree"
+    # past_len max is the manifest's S + max_depth * max_top_k = 64 + 12; tree levels take up to K = 4 rows.
+    # Context rows come from features only, tree rows from hidden_in only: the row axes sum to new_tokens.
+    assert axes_of(pre) == {"batch": [1, 1, 1], "new_tokens": [1, 64, 64], "feature_rows": [1, 64, 64],
+                            "hidden_rows": [0, 0, 0], "past_len": [0, 0, 76], "total_len": [1, 64, 140]}
+    assert axes_of(dec) == {"batch": [1, 1, 1], "new_tokens": [1, 4, 4], "feature_rows": [0, 0, 0],
+                            "hidden_rows": [1, 4, 4], "past_len": [1, 31, 76], "total_len": [2, 35, 80]}
+    assert dec.shapes[C.HIDDEN_IN] == ((1, 1, 64), (1, 4, 64), (1, 4, 64))
+    assert dec.shapes[C.DRAFT_FEATURES] == ((1, 0, 64), (1, 0, 64), (1, 0, 64))
+    small = graph_profiles(manifest, C.DRAFT_GRAPH, resolve_options(manifest, ProfileOptions(max_prefill=2)))[0]
+    assert small.axes["new_tokens"] == (1, 2, 5)  # the context after a round: up to max_depth + 2 rows
     assert set(dec.shapes) == set(manifest.graphs[C.DRAFT_GRAPH].spec.input_names)
 
 
@@ -71,6 +75,8 @@ def test_every_point_is_consistent(manifest, opts, graph):
             past = s["past_key.0"][1]
             assert total == past + new
             assert s[C.INPUT_IDS] == s[C.POSITION_IDS] == (b, new)
+            if graph == C.DRAFT_GRAPH:
+                assert s[C.DRAFT_FEATURES][1] + s[C.HIDDEN_IN][1] == new
             for a, v in p.axes.items():
                 lo, hi = entry.axes[a]
                 assert lo <= v[i] <= hi, (p.name, a, v)

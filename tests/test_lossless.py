@@ -1,14 +1,18 @@
 """Greedy EAGLE on ONNX Runtime equals transformers' greedy generate, token for token.
 
 Tiny random Llama targets (MHA, GQA, tied, head_dim != hidden/heads, llama3 rope scaling) with
-random EAGLE-1/2 heads (with and without fc.bias), 20 prompts x 64 new tokens per model at
-several tree settings, fp32. A mismatch is a tie only where the reference's top-2 gap < 1e-4.
+random EAGLE-1/2 heads (with and without fc.bias), and Llama, Qwen2, Qwen3 and Mistral targets with
+random EAGLE-3 heads (draft vocabulary smaller than the target's with a random d2t, identity
+mapping, a narrower head): 20 prompts x 64 new tokens per model at several tree settings, fp32.
+EAGLE-1/2 heads on Qwen2, Qwen3 and Mistral targets: a few prompts. A mismatch is a tie only where
+the reference's top-2 gap < 1e-4.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from model_table import EAGLE3_MODELS
 from reference import Comparison, GreedyReference
 
 from eagle_export.runtime import EagleRuntime
@@ -38,14 +42,14 @@ def prompts(vocab: int, count: int = PROMPTS, seed: int = 0) -> list[list[int]]:
     return [rng.integers(3, vocab, size=int(rng.integers(1, 40))).tolist() for _ in range(count)]
 
 
-@pytest.mark.parametrize("preset, draft_kw, trees", MODELS)
-def test_greedy_eagle_equals_transformers_generate(models, preset, draft_kw, trees):
+def check_lossless(models, preset: str, draft_kw: dict, trees, count: int = PROMPTS) -> tuple[Comparison, int]:
+    """Every prompt: no-draft and each tree setting must equal transformers' greedy generate."""
     target, _, artifact = models(preset, **draft_kw)
     rt = EagleRuntime.open(artifact, threads=1)
     ref = GreedyReference(target)
     cmp = Comparison()
     accepted = 0
-    for prompt in prompts(rt.manifest.target.vocab_size):
+    for prompt in prompts(rt.manifest.target.vocab_size, count):
         want = ref.generate(prompt, NEW_TOKENS)
         nodraft = rt.generate(prompt_ids=prompt, max_new_tokens=NEW_TOKENS, use_draft=False, stop_on_eos=False)
         ref.compare(prompt, nodraft.tokens, want, cmp, "no-draft")
@@ -54,9 +58,34 @@ def test_greedy_eagle_equals_transformers_generate(models, preset, draft_kw, tre
             assert res.finish_reason == "length"
             ref.compare(prompt, res.tokens, want, cmp, f"tree {tree}")
             accepted += sum(res.stats.accept_lengths)
-    print(f"\n{preset}: {cmp.tokens} tokens compared, {cmp.ties} ties (top-2 gap < 1e-4), "
-          f"{accepted} draft tokens accepted")
+    m = rt.manifest
+    print(f"\n{preset} ({m.target.architecture}, {m.variant}, draft vocab {m.draft.vocab_size}): {cmp.tokens} tokens "
+          f"compared, {cmp.ties} ties (top-2 gap < 1e-4), {accepted} draft tokens accepted")
     assert not cmp.failures, "\n".join(cmp.failures[:5])
     assert cmp.ties <= 3, f"{cmp.ties} ties: the tiny model is too flat for a meaningful comparison"
+    return cmp, accepted
+
+
+@pytest.mark.parametrize("preset, draft_kw, trees", MODELS)
+def test_greedy_eagle_equals_transformers_generate(models, preset, draft_kw, trees):
+    _, accepted = check_lossless(models, preset, draft_kw, trees)
     # Losslessness must have been tested through real multi-token acceptance, not only rejections.
     assert accepted > 50
+
+
+# Each EAGLE-3 model runs the chain plus one other setting (the four cover the pruned tree, depth 1 and depth 0).
+EAGLE3_TREES = {"llama-d2t": (1, 0), "qwen2-identity": (1, 2), "qwen3-d2t-ownembed": (1, 3),
+                "mistral-narrow": (1, 4)}
+
+
+@pytest.mark.parametrize("name", list(EAGLE3_MODELS))
+def test_greedy_eagle3_equals_transformers_generate(models, name):
+    preset, kw = EAGLE3_MODELS[name]
+    _, accepted = check_lossless(models, preset, kw, EAGLE3_TREES[name])
+    assert accepted > 30
+
+
+@pytest.mark.parametrize("preset", ["qwen2", "qwen3", "mistral"])
+def test_greedy_eagle1_heads_on_other_families(models, preset):
+    _, accepted = check_lossless(models, preset, dict(fc_bias=preset != "qwen3"), (0,), count=4)
+    assert accepted > 0

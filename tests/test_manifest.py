@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from model_table import EAGLE3_MODELS
 
 from eagle_export.contract import CONTRACT_VERSION
 from eagle_export.errors import ManifestError
@@ -83,9 +84,60 @@ def test_missing_field(copy):
     broken(copy, "malformed", "'target'", "re-export")
 
 
-def test_unknown_variant(copy):
+def test_eagle1_manifest_fields(artifact):
+    m = load_manifest(artifact)
+    assert m.variant == "eagle1" and m.target.feature_layers is None
+    assert m.target.feature_dim == m.draft.feature_dim == m.target.hidden_size
+    assert m.draft.vocab_size == m.target.vocab_size and m.draft.d2t_identity is True
+
+
+@pytest.fixture(scope="module")
+def artifact3(models) -> Path:
+    preset, kw = EAGLE3_MODELS["llama-d2t"]
+    return models(preset, **kw)[2]
+
+
+@pytest.fixture
+def copy3(artifact3, tmp_path) -> Path:
+    return shutil.copytree(artifact3, tmp_path / "art3")
+
+
+def test_eagle3_manifest_fields(artifact3, models):
+    m = load_manifest(artifact3)
+    assert m.variant == "eagle3" and m.target.feature_layers == [0, 1, 2]
+    assert m.target.feature_dim == m.draft.feature_dim == 3 * 64
+    assert (m.draft.vocab_size, m.draft.d2t_identity, m.target.vocab_size) == (32, False, 48)
+    spec = m.graphs["draft_step"].spec
+    assert [t.name for t in spec.inputs][:3] == ["input_ids", "features", "hidden_in"]
+    preset, kw = EAGLE3_MODELS["qwen2-identity"]
+    m2 = load_manifest(models(preset, **kw)[2])
+    assert (m2.draft.vocab_size, m2.draft.d2t_identity, m2.target.architecture) == (48, True, "Qwen2ForCausalLM")
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (lambda m: m["target"].update(feature_dim=128),
+     ("target.feature_dim 128", "len(feature_layers [0, 1, 2]) x hidden_size 64 = 192", "re-export")),
+    (lambda m: m["target"].update(feature_layers=[0, 7]), ("target.feature_layers", "[0, 3)", "[0, 7]")),
+    (lambda m: m.update(variant="eagle1"), ("variant 'eagle1'", "feature_layers is [0, 1, 2]")),
+    (lambda m: m["draft"].update(vocab_size=100), ("draft.vocab_size 100", "target.vocab_size 48")),
+    (lambda m: m["draft"].update(d2t_identity=True), ("d2t_identity", "32", "48")),
+    (lambda m: m["draft"].update(feature_dim=64), ("draft.feature_dim 64", "target.feature_dim 192")),
+    (lambda m: m["graphs"]["draft_step"]["spec"]["inputs"][2].update(shape=["batch", "hidden_rows", 65]),
+     ("draft_step", "'hidden_in' is 65 wide", "say 64")),
+])
+def test_eagle3_inconsistent_manifest_refused(copy3, edit, fragments):
+    edit_manifest(copy3, edit)
+    broken(copy3, *fragments)
+
+
+def test_eagle1_artifact_relabelled_eagle3_refused(copy):
     edit_manifest(copy, lambda m: m.update(variant="eagle3"))
-    broken(copy, "variant 'eagle3'", "eagle1")
+    broken(copy, "variant 'eagle3' needs target.feature_layers", "None")
+
+
+def test_unknown_variant(copy):
+    edit_manifest(copy, lambda m: m.update(variant="eagle4"))
+    broken(copy, "variant 'eagle4'", "eagle1, eagle3")
 
 
 @pytest.mark.parametrize("graph", ["target_verify", "draft_step"])
@@ -133,7 +185,8 @@ def test_runtime_allocates_buffers_once(artifact):
     assert len(g.tcache.buffers) == 2 * m.target.num_layers and len(g.dcache.buffers) == 2
 
     def pointers() -> list[int]:
-        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in]
+        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in,
+                   g.dhidden_in]
         return [t.data_ptr() for t in tensors] + [g._mask.ctypes.data]
 
     before = pointers()

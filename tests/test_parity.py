@@ -1,6 +1,8 @@
 """ONNX Runtime outputs of both graphs equal the PyTorch modules they were traced from (fp32, 1e-4).
 
-Non-causal tree masks, cache length 0 and > 0, batch 1 and 2, several new-token counts.
+Non-causal tree masks, cache length 0 and > 0, batch 1 and 2, several new-token counts; draft rows fed
+from target features only, from fed-back hiddens only (zero-size `features`), and both. EAGLE-1/2 heads
+on Llama targets, EAGLE-3 heads (3-layer features, d2t, a narrower head) on Llama, Qwen2, Qwen3, Mistral.
 """
 
 from __future__ import annotations
@@ -9,14 +11,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from model_table import EAGLE3_MODELS
 
 from eagle_export import contract as C
-from eagle_export.export.loaders import load_eagle1_head, load_target
+from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.export.modules import DraftStep, TargetVerify
 from eagle_export.manifest import load_manifest
 
 TOL = 1e-4
-SHAPES = [(1, 5, 0), (2, 4, 0), (1, 3, 9), (2, 7, 6), (1, 1, 12), (2, 1, 3)]  # (batch, new, past)
+# (batch, draft rows from features, draft rows from hidden_in, past); the target gets new = both.
+SHAPES = [(1, 5, 0, 0), (2, 0, 4, 0), (1, 3, 0, 9), (2, 4, 3, 6), (1, 0, 1, 12), (2, 1, 0, 3), (1, 0, 4, 7)]
 
 
 def random_mask(rng, b, t, p):
@@ -36,17 +40,23 @@ def max_errors(got, want, names):
     return {n: float(np.abs(g - w.numpy()).max()) if g.size else 0.0 for n, g, w in zip(names, got, want, strict=True)}
 
 
-@pytest.mark.parametrize("preset", ["gqa", "headdim", "llama3rope"])
-def test_graphs_match_pytorch(models, preset):
-    target_dir, draft_dir, art = models(preset)
+@pytest.mark.parametrize("preset, kw", [
+    *[pytest.param(p, {}, id=p) for p in ("gqa", "headdim", "llama3rope")],
+    *[pytest.param(p, kw, id=name) for name, (p, kw) in EAGLE3_MODELS.items()],
+])
+def test_graphs_match_pytorch(models, preset, kw):
+    target_dir, draft_dir, art = models(preset, **kw)
     m, sess = sessions(art)
     t = load_target(target_dir)
-    head, _, _ = load_eagle1_head(draft_dir, t)
-    tv, ds = TargetVerify(t.model).eval(), DraftStep(head, m.tree_limits.max_top_k).eval()
+    draft = load_draft_head(draft_dir, t, m.target.feature_layers if m.variant == "eagle3" else None)
+    assert draft.variant == m.variant == ("eagle3" if kw.get("eagle3") else "eagle1")
+    tv = TargetVerify(t.model, m.target.feature_layers).eval()
+    ds = DraftStep(draft.head, m.tree_limits.max_top_k).eval()
     tspec, dspec = m.graphs[C.TARGET_GRAPH].spec, m.graphs[C.DRAFT_GRAPH].spec
     ti, di = m.target, m.draft
     rng = np.random.default_rng(0)
-    for b, n, p in SHAPES:
+    for b, nf, nh, p in SHAPES:
+        n = nf + nh
         ids = rng.integers(0, ti.vocab_size, (b, n))
         pos = p + np.tile(np.arange(n), (b, 1)) + rng.integers(0, 3, (b, 1))
         mask = random_mask(rng, b, n, p)
@@ -60,22 +70,28 @@ def test_graphs_match_pytorch(models, preset):
         errs = max_errors(got, want, tspec.output_names)
         assert max(errs.values()) < TOL, f"target b={b} new={n} past={p}: {errs}"
         assert got[0].shape == (b, rows.shape[1], ti.vocab_size)
+        assert got[1].shape == (b, n, ti.feature_dim)
 
-        feats = rng.standard_normal((b, n, di.feature_dim)).astype(np.float32)
+        feats = rng.standard_normal((b, nf, di.feature_dim)).astype(np.float32)
+        hidden_in = rng.standard_normal((b, nh, di.hidden_size)).astype(np.float32)
         dpast = [rng.standard_normal((b, p, di.kv_heads, di.head_dim)).astype(np.float32) for _ in range(2)]
-        feeds = dict(zip(dspec.input_names, [ids, feats, pos, mask, *dpast], strict=True))
+        feeds = dict(zip(dspec.input_names, [ids, feats, hidden_in, pos, mask, *dpast], strict=True))
         got = sess[C.DRAFT_GRAPH].run(dspec.output_names, feeds)
         with torch.no_grad():
             want = ds(*[torch.from_numpy(np.asarray(x)) for x in feeds.values()])
         errs = max_errors(got, want, dspec.output_names)
         # Top-k ids may legitimately swap only where log-probs tie; compare values, and ids where not tied.
         ids_err = errs.pop(C.TOPK_IDS)
-        assert max(errs.values()) < TOL, f"draft b={b} new={n} past={p}: {errs}"
+        assert max(errs.values()) < TOL, f"draft b={b} rows={nf}+{nh} past={p}: {errs}"
         if ids_err:  # an id may differ only where two log-probs tie
             vals = want[0].numpy()
             for bi, ti_, ki in np.argwhere(got[1] != want[1].numpy()):
                 row = vals[bi, ti_]
                 assert np.sum(np.abs(row - row[ki]) < TOL) > 1, f"top-k id differs without a tie at {bi, ti_, ki}"
+        # Ids are target-vocabulary ids, and only those the draft vocabulary maps to.
+        assert got[1].min() >= 0 and got[1].max() < ti.vocab_size
+        if draft.head.variant == "eagle3" and draft.head.draft_to_target is not None:
+            assert np.isin(got[1], draft.head.draft_to_target.numpy()).all()
 
 
 def test_masked_cache_rows_do_not_leak(models):

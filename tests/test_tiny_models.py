@@ -20,11 +20,14 @@ def _load_draft(d):
 
 @pytest.mark.parametrize("preset", sorted(tm.TARGET_PRESETS))
 def test_preset_loads_and_generates(tmp_path, preset):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     target = tm.make_tiny_target(tmp_path / "t", preset, seed=0)
     model = AutoModelForCausalLM.from_pretrained(target).eval()
-    tok = AutoTokenizer.from_pretrained(target)
+    # The class the tiny tokenizer is saved as (AutoTokenizer would pick Qwen2Tokenizer for a qwen2 config.json,
+    # which adds <|endoftext|> beyond the tiny vocabulary; the artifact holds no config.json, so the runtime's
+    # AutoTokenizer gets this class too).
+    tok = PreTrainedTokenizerFast.from_pretrained(target)
     cfg = model.config
     assert len(tok) == cfg.vocab_size
     assert (tok.bos_token_id, tok.eos_token_id) == (cfg.bos_token_id, cfg.eos_token_id)
@@ -46,6 +49,14 @@ def test_preset_loads_and_generates(tmp_path, preset):
         assert attn.k_proj.out_features == 2 * 8 and cfg.num_hidden_layers == 3
     if preset == "tied":
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert type(model).__name__ == tm.FAMILY_CLASSES[tm.TARGET_PRESETS[preset].get("model_type", "llama")]
+    if preset == "qwen2":
+        assert attn.q_proj.bias is not None and attn.q_proj.bias.abs().max() > 0  # randomised, not zeros
+    if preset == "qwen3":
+        assert cfg.head_dim == 32 and attn.q_proj.out_features == 4 * 32
+        assert (attn.q_norm.weight - 1).abs().max() > 0  # randomised, not ones
+    if preset == "mistral":
+        assert cfg.sliding_window == 4096
     if preset == "llama3rope":
         assert model.model.rotary_emb.rope_type == "llama3"
         assert cfg.rope_parameters["rope_theta"] == 500000.0

@@ -243,8 +243,10 @@ def test_every_step_of_a_generation_is_planned(engines, dtype):
                 assert plan.profile == 1 and rows == new == tree.verify_tokens  # verify
             if new > tree.verify_tokens:
                 assert plan.profile == 0  # a prefill chunk
-        elif new == tree.top_k and past > 0:
-            assert plan.profile == 1  # draft tree levels / context after a round use the decode profile
+        elif plan.axes["hidden_rows"] > 0:
+            assert plan.profile == 1 and plan.axes["feature_rows"] == 0  # tree levels: the tree profile
+        else:
+            assert plan.profile == 0 and plan.axes["feature_rows"] == new  # context passes
     assert used == {C.TARGET_GRAPH: {0, 1}, C.DRAFT_GRAPH: {0, 1}}
     assert staged > 0
     if dtype == "fp16":  # 128-byte K/V rows: odd rows are unaligned and must have gone through scratch

@@ -1,4 +1,5 @@
-"""Tiny random models for tests and demos: a Llama target, an EAGLE-1/2 draft head, a BPE tokenizer.
+"""Tiny random models for tests and demos: targets (Llama, Qwen2, Qwen3, Mistral), EAGLE-1/2 and EAGLE-3
+draft heads in the published layouts, a BPE tokenizer.
 
 Everything is deterministic for a given seed (weights via a seeded torch RNG, the tokenizer via a
 fixed built-in corpus). Weights use a large init scale (``initializer_range`` 0.2 by default) so
@@ -8,7 +9,8 @@ CLI::
 
     python -m eagle_export.tools.tiny_models --out DIR [--preset mha] [--seed 0] [--fc-bias/--no-fc-bias]
 
-writes DIR/target (HF Llama + tokenizer) and DIR/draft (EAGLE-1/2 head in the published layout).
+writes DIR/target (HF model of the preset's family + tokenizer) and DIR/draft (EAGLE-1/2 head in the
+published layout; ``--eagle3`` for an EAGLE-3 head, ``--draft-vocab-size`` for a smaller draft vocabulary).
 
 Note on transformers 5.x: rope settings live in ``rope_parameters`` (with ``rope_theta`` inside);
 legacy ``rope_theta`` / ``rope_scaling`` kwargs are still accepted and converted, but the saved
@@ -32,8 +34,10 @@ __all__ = [
     "make_tiny_tokenizer",
     "make_tiny_target",
     "make_tiny_draft",
+    "make_tiny_eagle3_draft",
     "make_pair",
     "draft_weight_shapes",
+    "eagle3_weight_shapes",
 ]
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2 (Llama order)
@@ -59,7 +63,8 @@ def _preset(**delta: Any) -> dict[str, Any]:
     return out
 
 
-#: name -> LlamaConfig kwargs (transformers 5.x spelling: rope settings in ``rope_parameters``).
+#: name -> config kwargs (transformers 5.x spelling: rope settings in ``rope_parameters``); ``model_type``
+#: picks the family (default "llama").
 TARGET_PRESETS: dict[str, dict[str, Any]] = {
     "mha": _preset(),
     "gqa": _preset(num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=3),
@@ -75,7 +80,18 @@ TARGET_PRESETS: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 64,
         }
     ),
+    # Qwen2: q/k/v biases; GQA. No sliding window (use_sliding_window false, as the released configs).
+    "qwen2": _preset(model_type="qwen2", num_key_value_heads=2, num_hidden_layers=3, use_sliding_window=False),
+    # Qwen3: per-head q/k RMSNorm, head_dim * heads != hidden (as in the released models), tied embeddings.
+    "qwen3": _preset(model_type="qwen3", num_key_value_heads=2, num_hidden_layers=3, head_dim=32,
+                     tie_word_embeddings=True),
+    # Mistral: GQA, a sliding window (4096, as Mistral 7B v0.1) wider than any capacity the tests use.
+    "mistral": _preset(model_type="mistral", num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=3,
+                       sliding_window=4096),
 }
+#: model_type -> the transformers class name written to config.json "architectures".
+FAMILY_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "mistral": "MistralForCausalLM"}
 
 # Fixed training text for the tokenizer (built in, so the vocab is identical on every run and
 # every Python version).
@@ -215,15 +231,18 @@ def make_tiny_target(
     eos_token_id: int | None = None,
     **overrides: Any,
 ) -> Path:
-    """Make a random fp32 HF Llama target in out_dir (config.json, model.safetensors, tokenizer).
+    """Make a random fp32 HF target in out_dir (config.json, model.safetensors, tokenizer).
 
-    ``preset``: a TARGET_PRESETS name (None = the "mha" base); ``overrides``: extra/replacement
-    LlamaConfig kwargs (e.g. num_hidden_layers=1, head_dim=32, rope_parameters={...}).
+    ``preset``: a TARGET_PRESETS name (None = the "mha" base), which also picks the family
+    (Llama, Qwen2, Qwen3, Mistral); ``overrides``: extra/replacement config kwargs (e.g.
+    num_hidden_layers=1, head_dim=32, rope_parameters={...}). For the non-Llama families the
+    biases and RMSNorm weights (Qwen3's q/k norms included) are randomised too, so they are not the
+    trivial zeros and ones of transformers' init; the Llama presets keep that init.
     With a tokenizer, vocab_size is len(tokenizer) (the tokenizer is trained to the requested
     vocab_size), bos/eos come from it. ``eos_token_id`` overrides the eos in config and
     generation_config (e.g. an id the model never emits, so generate runs to max_new_tokens).
     """
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +253,9 @@ def make_tiny_target(
     kw = copy.deepcopy(TARGET_PRESETS[preset])
     kw.update(copy.deepcopy(overrides))
     kw["initializer_range"] = initializer_range
+    family = kw.pop("model_type", "llama")
+    if family not in FAMILY_CLASSES:
+        raise ValueError(f"unknown model_type {family!r}; known: {sorted(FAMILY_CLASSES)}")
 
     bos_id, eos_id = 1, 2
     if with_tokenizer:
@@ -246,12 +268,19 @@ def make_tiny_target(
     kw.setdefault("eos_token_id", eos_id)
     kw.setdefault("pad_token_id", None)
 
-    config = LlamaConfig(**kw)
-    config.architectures = ["LlamaForCausalLM"]
+    config = AutoConfig.for_model(family, **kw)
+    config.architectures = [FAMILY_CLASSES[family]]
     config.dtype = torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+        if family != "llama":
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if name.endswith("bias"):
+                        param.normal_(0.0, initializer_range)
+                    elif "norm" in name:
+                        param.mul_(1.0 + 0.1 * torch.randn_like(param))
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -411,6 +440,149 @@ def make_tiny_draft(
     return out_dir
 
 
+def eagle3_weight_shapes(
+    config: dict[str, Any], *, own_embedding: bool, num_feature_layers: int = 3
+) -> dict[str, tuple]:
+    """Expected EAGLE-3 head tensor names -> shapes for a draft config.json dict (d2t/t2d not included)."""
+    H = int(config["hidden_size"])
+    TH = int(config.get("target_hidden_size") or H)
+    nH = int(config["num_attention_heads"])
+    nKV = int(config.get("num_key_value_heads") or nH)
+    hd = int(config.get("head_dim") or H // nH)
+    inter = int(config["intermediate_size"])
+    V = int(config["vocab_size"])
+    Vd = int(config.get("draft_vocab_size") or V)
+    p = "midlayer."
+    shapes: dict[str, tuple] = {
+        "fc.weight": (H, num_feature_layers * TH),
+        p + "self_attn.q_proj.weight": (nH * hd, 2 * H),
+        p + "self_attn.k_proj.weight": (nKV * hd, 2 * H),
+        p + "self_attn.v_proj.weight": (nKV * hd, 2 * H),
+        p + "self_attn.o_proj.weight": (H, nH * hd),
+        p + "mlp.gate_proj.weight": (inter, H),
+        p + "mlp.up_proj.weight": (inter, H),
+        p + "mlp.down_proj.weight": (H, inter),
+        p + "hidden_norm.weight": (H,),
+        p + "input_layernorm.weight": (H,),
+        p + "post_attention_layernorm.weight": (H,),
+        "norm.weight": (H,),
+        "lm_head.weight": (Vd, H),
+    }
+    if own_embedding:
+        shapes["embed_tokens.weight"] = (V, H)
+    return shapes
+
+
+def make_tiny_eagle3_draft(
+    out_dir: str | Path,
+    target_dir: str | Path,
+    *,
+    seed: int = 0,
+    draft_vocab_size: int | None = None,
+    weights_format: Literal["safetensors", "bin"] = "safetensors",
+    own_embedding: bool | Literal["random", "copy"] = False,
+    hidden_size: int | None = None,
+    num_feature_layers: int = 3,
+    init_scale: float = 0.1,
+    norm_noise: float = 0.05,
+    **config_overrides: Any,
+) -> Path:
+    """Make a random EAGLE-3 head for the target in target_dir, in the published layout (SafeAILab cnets).
+
+    config.json: Llama-style, num_hidden_layers 1, dims/rope/vocab copied from the target, plus
+    ``draft_vocab_size``. Weights: see eagle3_weight_shapes(); matrices N(0, init_scale), norms
+    1 + N(0, norm_noise).
+    ``draft_vocab_size``: None or the target's vocab size = the same vocabulary (no d2t/t2d
+    buffers: identity); smaller = a random subset of the target's ids (seeded), written as
+    ``d2t`` int64 [Vd] (target_id = draft_id + d2t[draft_id], ascending) and ``t2d`` bool [V].
+    ``hidden_size``: the head's width when it differs from the target's; config.json then carries
+    ``target_hidden_size`` and fc is [hidden_size, 3 * target hidden] (needs ``own_embedding``, as
+    the target's embedding has the target's width). ``num_feature_layers``: fc reads that many
+    target layers' features (3 in the published heads).
+    """
+    out_dir = Path(out_dir)
+    target_dir = Path(target_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if weights_format not in ("safetensors", "bin"):
+        raise ValueError(f"weights_format must be 'safetensors' or 'bin', got {weights_format!r}")
+    if own_embedding not in (False, True, "random", "copy"):
+        raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    V = int(tcfg["vocab_size"])
+    Vd = V if draft_vocab_size is None else int(draft_vocab_size)
+    if not 1 <= Vd <= V:
+        raise ValueError(f"draft_vocab_size must be in [1, {V}], got {Vd}")
+    TH = int(tcfg["hidden_size"])
+
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+    }
+    for k in _DRAFT_FROM_TARGET:
+        if tcfg.get(k) is not None:
+            cfg[k] = tcfg[k]
+    if hidden_size is not None and int(hidden_size) != TH:
+        if own_embedding == "copy" or not own_embedding:
+            raise ValueError("a head narrower or wider than its target needs its own random embedding")
+        cfg["hidden_size"] = int(hidden_size)
+        cfg["target_hidden_size"] = TH
+        cfg["head_dim"] = int(hidden_size) // int(cfg["num_attention_heads"])
+        cfg["intermediate_size"] = 2 * int(hidden_size)
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    rp = _rope_parameters(tcfg)
+    cfg["rope_theta"] = float(rp.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    cfg["rope_parameters"] = rp
+    cfg.update(
+        {
+            "draft_vocab_size": Vd,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": False,
+            "pretraining_tp": 1,
+            "torch_dtype": "float32",
+            "initializer_range": init_scale,
+        }
+    )
+    cfg.update(copy.deepcopy(config_overrides))
+    if "rope_theta" in config_overrides:
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
+
+    shapes = eagle3_weight_shapes(cfg, own_embedding=bool(own_embedding), num_feature_layers=num_feature_layers)
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            t = 1.0 + norm_noise * torch.randn(shape, generator=gen)
+        elif name == "embed_tokens.weight" and own_embedding == "copy":
+            t = _load_target_embedding(target_dir)
+            if tuple(t.shape) != shape:
+                raise ValueError(f"target embedding shape {tuple(t.shape)} != draft {shape}")
+        else:
+            t = init_scale * torch.randn(shape, generator=gen)
+        tensors[name] = t.to(torch.float32).contiguous()
+    if Vd < V:
+        target_ids = torch.randperm(V, generator=gen)[:Vd].sort().values
+        tensors["d2t"] = (target_ids - torch.arange(Vd)).to(torch.int64)
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[target_ids] = True
+        tensors["t2d"] = t2d
+
+    for stale in ("model.safetensors", "pytorch_model.bin"):
+        (out_dir / stale).unlink(missing_ok=True)
+    if weights_format == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(tensors, out_dir / "pytorch_model.bin")
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out_dir
+
+
 def _load_target_embedding(target_dir: Path) -> torch.Tensor:
     from safetensors import safe_open
 
@@ -439,8 +611,13 @@ def make_pair(
     initializer_range: float = 0.2,
     init_scale: float = 0.1,
     eos_token_id: int | None = None,
+    eagle3: bool = False,
+    draft_vocab_size: int | None = None,
 ) -> tuple[Path, Path]:
-    """Make root/target and root/draft (draft seeded with seed + 1). Returns (target_dir, draft_dir)."""
+    """Make root/target and root/draft (draft seeded with seed + 1). Returns (target_dir, draft_dir).
+
+    ``eagle3``: an EAGLE-3 head (``fc_bias`` does not apply) with ``draft_vocab_size`` (None: the target's).
+    """
     root = Path(root)
     target = make_tiny_target(
         root / "target",
@@ -450,6 +627,17 @@ def make_pair(
         initializer_range=initializer_range,
         eos_token_id=eos_token_id,
     )
+    if eagle3:
+        draft = make_tiny_eagle3_draft(
+            root / "draft",
+            target,
+            seed=seed + 1,
+            draft_vocab_size=draft_vocab_size,
+            own_embedding=own_embedding,
+            weights_format=weights_format,
+            init_scale=init_scale,
+        )
+        return target, draft
     draft = make_tiny_draft(
         root / "draft",
         target,
@@ -473,8 +661,11 @@ def make_pair(
 @click.option(
     "--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors", show_default=True
 )
-def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, weights_format: str) -> None:
-    """Write OUT/target (tiny HF Llama + tokenizer) and OUT/draft (EAGLE-1/2 head)."""
+@click.option("--eagle3", is_flag=True, help="Write an EAGLE-3 head (midlayer.*) instead of an EAGLE-1/2 one.")
+@click.option("--draft-vocab-size", type=int, default=None, help="EAGLE-3: draft vocabulary (default: the target's).")
+def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, weights_format: str, eagle3: bool,
+         draft_vocab_size: int | None) -> None:
+    """Write OUT/target (tiny HF model of the preset's family + tokenizer) and OUT/draft (EAGLE head)."""
     target, draft = make_pair(
         out,
         preset,
@@ -482,17 +673,20 @@ def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, w
         fc_bias,
         own_embedding=False if own_embedding == "none" else own_embedding,
         weights_format=weights_format,  # type: ignore[arg-type]
+        eagle3=eagle3,
+        draft_vocab_size=draft_vocab_size,
     )
     tcfg = json.loads((target / "config.json").read_text())
     dcfg = json.loads((draft / "config.json").read_text())
     click.echo(
-        f"target: {target}  preset={preset} seed={seed} hidden={tcfg['hidden_size']} "
+        f"target: {target}  preset={preset} ({tcfg['architectures'][0]}) seed={seed} hidden={tcfg['hidden_size']} "
         f"layers={tcfg['num_hidden_layers']} heads={tcfg['num_attention_heads']}/"
-        f"{tcfg['num_key_value_heads']} head_dim={tcfg['head_dim']} vocab={tcfg['vocab_size']} "
+        f"{tcfg['num_key_value_heads']} head_dim={tcfg.get('head_dim')} vocab={tcfg['vocab_size']} "
         f"rope={tcfg['rope_parameters']}"
     )
+    kind = f"eagle3 draft_vocab_size={dcfg['draft_vocab_size']}" if eagle3 else f"eagle1 bias={dcfg['bias']}"
     click.echo(
-        f"draft:  {draft}  bias={dcfg['bias']} own_embedding={own_embedding} "
+        f"draft:  {draft}  {kind} own_embedding={own_embedding} "
         f"files={sorted(p.name for p in draft.iterdir())}"
     )
 
