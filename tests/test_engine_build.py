@@ -97,7 +97,7 @@ def test_profile_missing_an_input_is_named(engines, rtx):
     entry = m.graphs[C.DRAFT_GRAPH]
     p = graph_profiles(m, C.DRAFT_GRAPH, resolve_options(m))[0]
     shapes = {n: s for n, s in p.shapes.items() if n != "past_value.0"}
-    with pytest.raises(EngineError, match=r"profile prefill lacks inputs \['past_value.0'\]"):
+    with pytest.raises(EngineError, match=r"profile context lacks inputs \['past_value.0'\]"):
         B.build_graph(rtx, art / entry.file, C.DRAFT_GRAPH, entry.spec, [Profile(p.name, p.axes, shapes)])
 
 

@@ -25,7 +25,7 @@ def setup(engines):
 
 
 @pytest.mark.parametrize("graph, new, past, rows", [(C.TARGET_GRAPH, 20, 0, 1), (C.TARGET_GRAPH, 13, 30, 13),
-                                                    (C.DRAFT_GRAPH, 20, 0, 0), (C.DRAFT_GRAPH, 4, 30, 0)])
+                                                    (C.DRAFT_GRAPH, 20, 0, 0), (C.DRAFT_GRAPH, 4, 30, 4)])
 def test_gpu_check_calls_match_pytorch(setup, graph, new, past, rows):
     m, modules, backend = setup
     x = G.graph_inputs(m, graph, new, past, rows, np.random.default_rng(0))

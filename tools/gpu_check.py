@@ -102,7 +102,11 @@ def agreement(ref: Reference, prompt: list[int], got: list[int], want: list[int]
 
 
 def graph_inputs(m, graph: str, new: int, past: int, rows: int, rng) -> dict[str, np.ndarray]:
-    """Random inputs for one call, as float32/int64/bool numpy arrays (the runtime's conventions)."""
+    """Random inputs for one call, as float32/int64/bool numpy arrays (the runtime's conventions).
+
+    rows: logit rows for the target; for the draft, how many of the new rows come from ``hidden_in``
+    (tree levels: all of them; context passes: 0, all rows from target ``features``).
+    """
     ti, di = m.target, m.draft
     ids = rng.integers(0, ti.vocab_size, (1, new))
     pos = (past + np.arange(new))[None]
@@ -114,7 +118,9 @@ def graph_inputs(m, graph: str, new: int, past: int, rows: int, rng) -> dict[str
              C.LOGIT_INDICES: np.arange(new - rows, new)[None]}
         heads, hd, layers = ti.kv_heads, ti.head_dim, ti.num_layers
     else:
-        x = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: rng.standard_normal((1, new, di.feature_dim)).astype(np.float32),
+        x = {C.INPUT_IDS: ids,
+             C.DRAFT_FEATURES: rng.standard_normal((1, new - rows, di.feature_dim)).astype(np.float32),
+             C.HIDDEN_IN: rng.standard_normal((1, rows, di.hidden_size)).astype(np.float32),
              C.POSITION_IDS: pos, C.ATTENTION_MASK: mask}
         heads, hd, layers = di.kv_heads, di.head_dim, 1
     for name in C.past_names(layers):
@@ -267,7 +273,7 @@ def main(workdir: Path, dtypes, engine_lib: str, prompts: int, new_tokens: int, 
         modules = {C.TARGET_GRAPH: TargetVerify(loaded.model).eval(),
                    C.DRAFT_GRAPH: DraftStep(head, m.tree_limits.max_top_k).eval()}
         calls = {C.TARGET_GRAPH: [("prefill", 40, 0, 1), ("verify", 13, 50, 13)],
-                 C.DRAFT_GRAPH: [("prefill", 40, 0, 0), ("tree", 8, 50, 0)]}
+                 C.DRAFT_GRAPH: [("context", 40, 0, 0), ("tree", 8, 50, 8)]}
         for graph, cases in calls.items():
             for label, new, past, rows in cases:
                 x = graph_inputs(m, graph, new, past, rows, np.random.default_rng(new + past))
