@@ -61,15 +61,24 @@ def accept_sampling(tree: VerifyTree, probs, rng: np.random.Generator) -> Accept
     node = 0
     while True:
         p = np.array(probs[node], dtype=np.float64)  # a copy: rejections modify it
+        mass = total = p.sum()  # total: the mass left after the rejections so far (renormalising lazily)
         accepted = -1
         for child in tree.children_of(node):
             x = int(tree.tokens[child])
-            total = p.sum()
-            px = p[x] / total
-            if rng.random() < px:
+            px = p[x]
+            if rng.random() * total < px:  # u < p(x) / total
                 accepted = int(child)
                 break
             p[x] = 0.0
+            total -= px
+            if total <= 1e-9 * mass:  # cancellation: recount exactly
+                total = p.sum()
+                if not total > 0:
+                    # x held all the remaining mass (probability 1 in exact arithmetic): rejected only by
+                    # rounding. Accept it rather than draw from an empty residual.
+                    p[x] = px
+                    accepted = int(child)
+                    break
         if accepted < 0:
             break
         node = accepted

@@ -154,6 +154,23 @@ def test_sampling_residual_excludes_rejected_children(tree):
     assert firsts == {1, 2}
 
 
+class _AlmostOne:
+    """An rng whose uniform draws are all the largest double below 1 (the worst case for rounding)."""
+
+    def random(self) -> float:
+        return float(np.nextafter(1.0, 0.0))
+
+
+def test_sampling_all_mass_on_children_never_leaves_an_empty_residual(tree):
+    # Root: 0.7 on 10 and 0.3 on 11. With u = 1 - 2**-53, 10 is rejected and the residual 0.3 /
+    # (1 - 0.7) rounds just below 1: 11 must still be accepted, not a bonus drawn from nothing.
+    probs = np.full((tree.num_nodes, VOCAB), 1.0 / VOCAB)
+    probs[0] = 0.0
+    probs[0, [10, 11]] = [0.7, 0.3]
+    acc = accept_sampling(tree, probs, _AlmostOne())
+    assert acc.indices[:2].tolist() == [0, 2]
+
+
 @settings(max_examples=100, deadline=None)
 @given(grown_trees(), st.data())
 def test_sampling_with_one_hot_distributions_equals_greedy(case, data):
