@@ -95,15 +95,47 @@ def process_logits(logits, params: SamplingParams) -> np.ndarray:
         kth = np.partition(x, v - params.top_k, axis=1)[:, v - params.top_k, None]
         x[x < kth] = -np.inf
     if params.top_p < 1.0:
-        order = np.argsort(x, axis=1, kind="stable")  # ascending
-        cum = np.cumsum(_softmax(np.take_along_axis(x, order, axis=1)), axis=1)
-        drop_sorted = cum <= 1.0 - params.top_p
-        drop_sorted[:, -1] = False  # min_tokens_to_keep = 1: the most likely token stays
-        drop = np.empty_like(drop_sorted)
-        np.put_along_axis(drop, order, drop_sorted, axis=1)
-        x[drop] = -np.inf
+        for row in x:
+            _top_p(row, params.top_p)
     probs = _softmax(x)
     return probs[0] if squeeze else probs
+
+
+_TOP_P_FIRST = 256  # tokens sorted in the first try of _top_p
+
+
+def _top_p(x: np.ndarray, top_p: float) -> None:
+    """Set to -inf, in place, the logits TopPLogitsWarper removes from this row.
+
+    The warper sorts the row ascending and drops every token whose cumulative probability is
+    <= 1 - top_p (keeping the most likely one). The cumulative probability only grows, so the
+    dropped tokens are a prefix of that order: all tokens outside the top m are dropped as soon
+    as their total mass is <= 1 - top_p. So only the top m are sorted (m = 256, doubled until
+    that holds), instead of the whole vocabulary.
+    """
+    v = x.shape[0]
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    m = min(v, _TOP_P_FIRST)
+    while True:
+        if m < v:
+            top = np.argpartition(p, v - m)[v - m:]
+            rest = p.sum() - p[top].sum()  # mass of the tokens outside the top m
+            if rest > 1.0 - top_p:  # some of them would be kept: look at more tokens
+                m = min(v, 4 * m)
+                continue
+        else:
+            top, rest = np.arange(v), 0.0
+        order = top[np.argsort(p[top], kind="stable")]  # ascending
+        cum = rest + np.cumsum(p[order])
+        drop = cum <= 1.0 - top_p
+        drop[-1] = False  # min_tokens_to_keep = 1: the most likely token stays
+        if m < v:
+            keep = np.ones(v, dtype=bool)
+            keep[top] = False  # everything outside the top m is dropped ...
+            x[keep] = -np.inf
+        x[order[drop]] = -np.inf  # ... and the low end of the top m
+        return
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

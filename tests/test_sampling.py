@@ -93,6 +93,17 @@ def test_process_logits_equals_transformers_warpers(temperature, top_k, top_p):
     np.testing.assert_allclose(process_logits(logits[3], params), got[3], atol=0)  # 1-D works too
 
 
+@pytest.mark.parametrize("scale", [0.3, 3.0, 8.0])  # flat (nucleus > 256 tokens: more are sorted) to peaked
+@pytest.mark.parametrize("top_p, top_k", [(0.5, 0), (0.9, 0), (0.99, 0), (0.95, 100)])
+def test_process_logits_large_vocab_equals_transformers(scale, top_p, top_k):
+    """Top-p sorts only the top tokens of a large vocabulary; the result must not change."""
+    logits = (np.random.default_rng(7).standard_normal((3, 3000)) * scale).astype(np.float32)
+    params = SamplingParams(0.8, top_p, top_k)
+    got, want = process_logits(logits, params), hf_probs(logits, params)
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_process_logits_ties_and_inputs():
     logits = np.array([[1.0, 3.0, 2.0, 3.0, 2.0, -1.0]])
     # top-k 2 keeps both 3.0s; top-k 3 keeps everything >= the 3rd largest (2.0): both 2.0s as well.
