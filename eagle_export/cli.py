@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sys
 from pathlib import Path
 
@@ -120,16 +121,35 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
 @click.option("--no-draft", is_flag=True, help="Plain autoregressive decoding on the same target graph.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature; 0 = greedy (then --top-p/--top-k-sampling/--seed are ignored).")
+@click.option("--top-p", type=float, default=1.0, show_default=True,
+              help="Sample from the smallest set of most likely tokens whose probability reaches top-p (1 = off).")
+@click.option("--top-k-sampling", type=int, default=0, show_default=True,
+              help="Sample among the k most likely tokens only (0 = off). Not the tree's --top-k.")
+@click.option("--seed", type=int, default=None,
+              help="Random seed of the generation (default: a random one, reported in the --json output).")
+@click.option("--samples", type=int, default=None,
+              help="Run N independent generations with seeds seed..seed+N-1: one line each (the text as a JSON "
+                   "string, or the ids); with --json one object holding a list `samples`.")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
               help="ort: ONNX Runtime on the ONNX graphs; tensorrt: the engines of `eagle-export build` (CUDA GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
-                 backend, as_json) -> None:
+                 temperature, top_p, top_k_sampling, seed, samples, backend, as_json) -> None:
     """Generate from ARTIFACT (a directory made by `eagle-export export`)."""
     from .runtime import EagleRuntime
+    from .runtime.sampling import SamplingParams
 
     if (prompt is None) == (prompt_ids is None):
         raise EagleExportError("give exactly one of --prompt or --prompt-ids")
+    if samples is not None and samples < 1:
+        raise EagleExportError(f"--samples must be >= 1, got {samples}")
+    sampling = SamplingParams(temperature, top_p, top_k_sampling, seed).validate()
+    if sampling.is_greedy:
+        sampling = None
+    elif seed is None:  # pick one, so the run can be repeated from the JSON output
+        sampling = sampling.with_seed(secrets.randbelow(2**31))
     rt = EagleRuntime.open(artifact, backend=backend)
     d = rt.manifest.tree_defaults
     tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
@@ -137,7 +157,12 @@ def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, tot
     kwargs = dict(max_new_tokens=max_new_tokens, tree=tree, use_draft=not no_draft, stop_on_eos=not ignore_eos)
     if prompt_ids is not None:
         kwargs["prompt_ids"] = _parse_ids(prompt_ids)
-    stream = rt.stream(prompt, **kwargs)
+    settings = {"mode": "no-draft" if no_draft else "eagle", "tree": None if no_draft else tree.to_dict(),
+                "sampling": None if sampling is None else sampling.to_dict()}
+    if samples is not None:
+        _generate_samples(rt, prompt, kwargs, sampling, samples, settings, as_json)
+        return
+    stream = rt.stream(prompt, sampling=sampling, **kwargs)
     if as_json:
         for _ in stream:
             pass
@@ -156,14 +181,35 @@ def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, tot
     res = stream.result
     if as_json:
         out = res.to_dict()
-        out["mode"] = "no-draft" if no_draft else "eagle"
-        out["tree"] = None if no_draft else tree.to_dict()
+        out.update(settings)
         click.echo(json.dumps(out))
     else:
         s = res.stats
         click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, rounds={s.rounds}, tau={s.tau:.2f}, "
                    f"prefill {s.prefill_s * 1e3:.1f} ms, {len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} "
                    "tok/s overall]", err=True)
+
+
+def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> None:
+    """n independent generations; sample i uses seed sampling.seed + i (all equal when greedy)."""
+    results = []
+    for i in range(n):
+        params = None if sampling is None else sampling.with_seed(sampling.seed + i)
+        res = rt.generate(prompt, sampling=params, **kwargs)
+        results.append((None if params is None else params.seed, res))
+        if not as_json:
+            click.echo(json.dumps(res.text) if rt.tokenizer is not None else " ".join(map(str, res.tokens)))
+    if as_json:
+        out = dict(settings)
+        out["prompt_tokens"] = results[0][1].prompt_len
+        out["samples"] = [{"seed": s, **{k: v for k, v in r.to_dict().items() if k != "prompt_tokens"}}
+                          for s, r in results]
+        click.echo(json.dumps(out))
+    else:
+        tokens = sum(len(r.tokens) for _, r in results)
+        rounds = sum(r.stats.rounds for _, r in results)
+        committed = sum(sum(r.stats.accept_lengths) + r.stats.rounds for _, r in results)
+        click.echo(f"[{n} samples, {tokens} tokens, tau={committed / max(rounds, 1):.2f}]", err=True)
 
 
 if __name__ == "__main__":

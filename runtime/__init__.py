@@ -2,5 +2,6 @@
 
 from .api import EagleRuntime, GenerationStream
 from .generator import GenerationResult, GenerationStats
+from .sampling import SamplingParams
 
-__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats"]
+__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "SamplingParams"]

@@ -25,6 +25,7 @@ from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
 from .generator import GenerationResult, Generator
+from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ort", "tensorrt")
@@ -134,11 +135,15 @@ class EagleRuntime:
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
-               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True) -> GenerationStream:
+               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
+               sampling: SamplingParams | None = None) -> GenerationStream:
+        """sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
+        random source of this request's own, seeded with ``sampling.seed``."""
         if (prompt is None) == (prompt_ids is None):
             raise GenerationError("give exactly one of prompt (text) or prompt_ids")
         ids = self.encode(prompt) if prompt is not None else prompt_ids
-        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos)
+        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
+                                 sampling=sampling)
         return GenerationStream(self, gen, self._lock)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:

@@ -1,7 +1,11 @@
-"""The EAGLE loop: prefill, draft tree, one target verify per round, greedy acceptance, KV commit.
+"""The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit.
 
 Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with tensors it
 allocated once (caches, output scratch, mask scratch), so ONNX Runtime and TensorRT share it.
+
+Decoding is greedy unless a ``SamplingParams`` with temperature > 0 is given: then every place
+that takes the target's argmax (the prefill's root, the no-draft step, the verify acceptance)
+samples from the processed distribution instead, with a random source owned by that request.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from eagle_export.errors import GenerationError
 from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
-from .accept import accept_greedy
+from .accept import accept_greedy, accept_sampling
 from .kv_cache import KVCache
+from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .tree import TreeGrower
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,14 @@ class GenerationResult:
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_len, "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class _Sampler:
+    """One request's sampling settings and its own random source."""
+
+    params: SamplingParams
+    rng: np.random.Generator
 
 
 class Generator:
@@ -161,8 +174,14 @@ class Generator:
         return ids
 
     def run(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
-            stop_on_eos: bool = True) -> PyGenerator[list[int], None, GenerationResult]:
-        """Yield committed tokens as they are accepted; return the GenerationResult."""
+            stop_on_eos: bool = True, sampling: SamplingParams | None = None,
+            rng: np.random.Generator | None = None) -> PyGenerator[list[int], None, GenerationResult]:
+        """Yield committed tokens as they are accepted; return the GenerationResult.
+
+        sampling: None or temperature 0 = greedy. Otherwise tokens are sampled from the target's
+        processed distribution, drawing from ``rng`` (default: a new one from ``sampling.seed``,
+        owned by this request).
+        """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         tree = tree or self.m.tree_defaults
@@ -171,10 +190,30 @@ class Generator:
             check = getattr(self.backend, "check_tree", None)  # engines may be built for smaller trees
             if check is not None:
                 check(tree)
+        sampler = None
+        if sampling is not None:
+            if not isinstance(sampling, SamplingParams):
+                raise GenerationError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+            if not sampling.validate().is_greedy:
+                sampler = _Sampler(sampling, rng if rng is not None else sampling.make_rng())
         ids = self.check_prompt(prompt_ids)
-        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos)
+        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampler)
 
-    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool):
+    def _next_token(self, sampler: _Sampler | None) -> int:
+        """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
+        if sampler is None:
+            return int(self.logits[0, 0].argmax())
+        return sample_token(process_logits(self.logits[0, 0].cpu().numpy(), sampler.params), sampler.rng)
+
+    def _accept(self, vt, sampler: _Sampler | None):
+        T = vt.num_nodes
+        if sampler is None:
+            return accept_greedy(vt, self.logits[0, :T].argmax(-1).cpu().numpy())
+        rows = self.logits[0]
+        return accept_sampling(vt, LazyProbs(lambda i: rows[i].cpu().numpy(), T, sampler.params), sampler.rng)
+
+    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
+              sampler: _Sampler | None):
         self.stats = stats = GenerationStats()
         n = len(prompt)
         out: list[int] = []
@@ -208,7 +247,7 @@ class Generator:
             self._run_target(prompt[s:e].reshape(1, c), np.arange(s, e, dtype=np.int64).reshape(1, c),
                              self._causal_mask(c, s), rows, s)
             if last:
-                root = int(self.logits[0, 0].argmax())
+                root = self._next_token(sampler)
             if use_draft:
                 nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
                 self._draft_context(nxt.astype(np.int64), self.tfeats[:, :c], s)
@@ -230,7 +269,7 @@ class Generator:
                     stats.rounds += 1
                     stats.accept_lengths.append(0)
                     L += 1
-                    root = int(self.logits[0, 0].argmax())
+                    root = self._next_token(sampler)
                     new, reason = emit([root])
                     yield new
                     if reason is not None:
@@ -265,8 +304,7 @@ class Generator:
                 self._run_target(vt.tokens.reshape(1, T), (vt.depths + L).reshape(1, T), mask,
                                  np.arange(T, dtype=np.int64).reshape(1, T), L)
                 stats.rounds += 1
-                argmax = self.logits[0, :T].argmax(-1).cpu().numpy()
-                acc = accept_greedy(vt, argmax)
+                acc = self._accept(vt, sampler)
                 stats.accept_lengths.append(int(acc.num_accepted))
                 m = len(acc.indices)
                 self.tcache.commit(L, acc.indices)

@@ -1,5 +1,7 @@
 """Greedy acceptance: hand-built trees with known answers, then a brute-force check over all
-root-to-leaf paths of grown trees."""
+root-to-leaf paths of grown trees. Sampling acceptance: the same hand tree with deterministic
+distributions, and agreement with greedy acceptance when every distribution is one-hot (the
+statistical checks are in test_sampling.py and test_sampling_lossless.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tree import ROOT, grow, grow_hand_tree, grown_trees
 
-from eagle_export.runtime.accept import accept_greedy
+from eagle_export.runtime.accept import accept_greedy, accept_sampling
 from eagle_export.runtime.tree import VerifyTree
 
 
@@ -112,3 +114,72 @@ def test_accept_matches_brute_force_over_paths(case, data):
     np.testing.assert_array_equal(acc.indices, best)
     np.testing.assert_array_equal(acc.tokens, tree.tokens[best[1:]])
     assert acc.bonus == target[best[-1]]
+
+
+# ---- sampling acceptance -----------------------------------------------------------------------
+
+VOCAB = 101  # covers every token of the hand tree and the grown trees (ids < 100) plus 100
+
+
+def one_hot_rows(tokens: np.ndarray) -> np.ndarray:
+    rows = np.zeros((len(tokens), VOCAB))
+    rows[np.arange(len(tokens)), tokens] = 1.0
+    return rows
+
+
+def test_sampling_full_path_bonus_from_last_node(tree):
+    # Certain acceptance down 11 -> 22 -> 30, then the bonus comes from node 5's own distribution.
+    probs = one_hot_rows(argmax_for(tree, n0=11, n2=22, n4=30, n5=77) % VOCAB)
+    for seed in range(5):
+        check(accept_sampling(tree, probs, np.random.default_rng(seed)), [0, 2, 4, 5], [11, 22, 30], 77)
+
+
+def test_sampling_children_without_mass_are_never_accepted(tree):
+    # The root gives its children 10 and 11 no mass: always rejected, bonus from the residual.
+    probs = np.full((tree.num_nodes, VOCAB), 1.0 / VOCAB)
+    probs[0] = 0.0
+    probs[0, [10, 11, 55]] = [0.0, 0.0, 1.0]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        check(accept_sampling(tree, probs, rng), [0], [], 55)
+
+
+def test_sampling_residual_excludes_rejected_children(tree):
+    # Root: half on 10, half on 11. If 10 is rejected, 11 carries all the residual mass: always accepted.
+    probs = np.full((tree.num_nodes, VOCAB), 1.0 / VOCAB)
+    probs[0] = 0.0
+    probs[0, [10, 11]] = 0.5
+    rng = np.random.default_rng(0)
+    firsts = {int(accept_sampling(tree, probs, rng).indices[1]) for _ in range(100)}
+    assert firsts == {1, 2}
+
+
+class _AlmostOne:
+    """An rng whose uniform draws are all the largest double below 1 (the worst case for rounding)."""
+
+    def random(self) -> float:
+        return float(np.nextafter(1.0, 0.0))
+
+
+def test_sampling_all_mass_on_children_never_leaves_an_empty_residual(tree):
+    # Root: 0.7 on 10 and 0.3 on 11. With u = 1 - 2**-53, 10 is rejected and the residual 0.3 /
+    # (1 - 0.7) rounds just below 1: 11 must still be accepted, not a bonus drawn from nothing.
+    probs = np.full((tree.num_nodes, VOCAB), 1.0 / VOCAB)
+    probs[0] = 0.0
+    probs[0, [10, 11]] = [0.7, 0.3]
+    acc = accept_sampling(tree, probs, _AlmostOne())
+    assert acc.indices[:2].tolist() == [0, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(grown_trees(), st.data())
+def test_sampling_with_one_hot_distributions_equals_greedy(case, data):
+    params, levels = case
+    g, _ = grow(params, levels)
+    tree = g.select(params.total_tokens, ROOT)
+    target = np.empty(tree.num_nodes, dtype=np.int64)
+    for i in range(tree.num_nodes):
+        target[i] = data.draw(st.sampled_from(tree.tokens[tree.children_of(i)].tolist() + [100]))
+    want = accept_greedy(tree, target)
+    got = accept_sampling(tree, one_hot_rows(target), np.random.default_rng(data.draw(st.integers(0, 2**32))))
+    check(got, want.indices, want.tokens, want.bonus)

@@ -220,6 +220,79 @@ def test_bad_tree_settings(plain, args, expect):
     fail("generate", plain, "--prompt-ids", "3,4", *args, expect=expect)
 
 
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--temperature", -1], ("temperature must be >= 0", "0 means greedy", "got -1.0")),
+        (["--temperature", "nan"], ("temperature must be a number", "got nan")),
+        (["--temperature", "inf"], ("temperature must be finite",)),
+        (["--temperature", 1, "--top-p", 0], ("top_p must be a number in (0, 1]", "got 0.0")),
+        (["--temperature", 1, "--top-p", 1.5], ("top_p must be a number in (0, 1]", "got 1.5")),
+        (["--temperature", 1, "--top-p", "nan"], ("top_p must be a number in (0, 1]", "got nan")),
+        (["--temperature", 1, "--top-k-sampling", -1], ("--top-k-sampling", "integer >= 0", "got -1")),
+        (["--temperature", 1, "--seed", -5], ("seed must be a non-negative integer", "got -5")),
+        (["--temperature", 1, "--samples", 0], ("--samples must be >= 1", "got 0")),
+    ],
+)
+def test_bad_sampling_settings(plain, args, expect):
+    fail("generate", plain, "--prompt-ids", "3,4", *args, expect=expect)
+
+
+# ---- generate: sampling ------------------------------------------------------------------------
+
+HOT = ("--temperature", 0.9, "--top-p", 0.95, "--top-k-sampling", 20)
+
+
+@pytest.mark.parametrize("mode", [(), ("--no-draft",)], ids=["eagle", "no-draft"])
+def test_sampling_seed_reproduces(plain, mode):
+    args = ("--prompt-ids", ids(P12), "--max-new-tokens", 20, "--ignore-eos", *HOT, *mode)
+    a = gen(plain, *args, "--seed", 7)
+    assert a["sampling"] == {"temperature": 0.9, "top_p": 0.95, "top_k": 20, "seed": 7}
+    assert gen(plain, *args, "--seed", 7)["tokens"] == a["tokens"] and len(a["tokens"]) == 20
+    assert gen(plain, *args, "--seed", 8)["tokens"] != a["tokens"]
+    # Without --seed a random one is chosen and reported, so the run can be repeated.
+    b = gen(plain, *args)
+    assert isinstance(b["sampling"]["seed"], int)
+    assert gen(plain, *args, "--seed", b["sampling"]["seed"])["tokens"] == b["tokens"]
+    # The streaming output prints the same tokens.
+    r = ok("generate", plain, *args, "--seed", 7)
+    assert [int(x) for x in r.stdout.split()] == a["tokens"]
+
+
+def test_temperature_zero_is_greedy_cli(plain):
+    args = ("--prompt-ids", ids(P12), "--max-new-tokens", 20, "--ignore-eos")
+    greedy = gen(plain, *args)
+    assert greedy["sampling"] is None
+    zero = gen(plain, *args, "--temperature", 0, "--top-p", 0.5, "--top-k-sampling", 2, "--seed", 3)
+    assert zero["tokens"] == greedy["tokens"] and zero["sampling"] is None
+
+
+@pytest.mark.parametrize("mode", [(), ("--no-draft",)], ids=["eagle", "no-draft"])
+def test_samples_are_independent_seeded_generations(plain, mode):
+    args = ("--prompt-ids", ids(P12), "--max-new-tokens", 8, "--ignore-eos", *HOT, *mode)
+    out = gen(plain, *args, "--seed", 40, "--samples", 4)
+    assert set(out) == {"mode", "tree", "sampling", "prompt_tokens", "samples"}
+    assert out["mode"] == ("no-draft" if mode else "eagle") and out["prompt_tokens"] == 12
+    assert out["sampling"]["seed"] == 40
+    assert [s["seed"] for s in out["samples"]] == [40, 41, 42, 43]
+    for s in out["samples"]:
+        assert set(s) == {"seed", "tokens", "text", "finish_reason", "stats"}
+        assert s["tokens"] == gen(plain, *args, "--seed", s["seed"])["tokens"]  # sample i == a run with seed+i
+    assert len({tuple(s["tokens"]) for s in out["samples"]}) > 1
+    # Without --json: one line of ids per sample, a summary on stderr.
+    r = ok("generate", plain, *args, "--seed", 40, "--samples", 4)
+    assert [[int(x) for x in line.split()] for line in r.stdout.splitlines()] == [s["tokens"] for s in out["samples"]]
+    assert "[4 samples, 32 tokens" in r.stderr
+
+
+def test_samples_text_lines(tiny):
+    out = gen(tiny[2], "--prompt", "Hello", "--max-new-tokens", 6, "--ignore-eos", "--temperature", 1, "--seed", 1,
+              "--samples", 3)
+    r = ok("generate", tiny[2], "--prompt", "Hello", "--max-new-tokens", 6, "--ignore-eos", "--temperature", 1,
+           "--seed", 1, "--samples", 3)
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [s["text"] for s in out["samples"]]
+
+
 def test_generate_on_missing_artifact(tmp_path):
     fail("generate", tmp_path / "nope", "--prompt-ids", "3", expect=("not a directory", "eagle-export export"))
 
