@@ -128,11 +128,14 @@ class EagleRuntime:
 
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
-               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True) -> GenerationStream:
+               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
+               on_round=None) -> GenerationStream:
+        """on_round: optional per-round trace hook (see ``Generator.run``)."""
         if (prompt is None) == (prompt_ids is None):
             raise GenerationError("give exactly one of prompt (text) or prompt_ids")
         ids = self.encode(prompt) if prompt is not None else prompt_ids
-        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos)
+        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
+                                 on_round=on_round)
         return GenerationStream(self, gen, self._lock)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:

@@ -143,17 +143,23 @@ class Generator:
         return ids
 
     def run(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
-            stop_on_eos: bool = True) -> PyGenerator[list[int], None, GenerationResult]:
-        """Yield committed tokens as they are accepted; return the GenerationResult."""
+            stop_on_eos: bool = True, on_round=None) -> PyGenerator[list[int], None, GenerationResult]:
+        """Yield committed tokens as they are accepted; return the GenerationResult.
+
+        on_round: optional trace hook, called after each verify round's acceptance with the round's
+        ``VerifyTree`` and ``Accepted`` (read them in the call; their arrays are reused). Used by
+        ``validate`` and the tests to compare rounds with the PyTorch oracle (runtime/oracle.py).
+        """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         tree = tree or self.m.tree_defaults
         if use_draft:
             tree.validate(self.m.tree_limits)
         ids = self.check_prompt(prompt_ids)
-        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos)
+        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, on_round)
 
-    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool):
+    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
+              on_round=None):
         self.stats = stats = GenerationStats()
         n = len(prompt)
         out: list[int] = []
@@ -247,6 +253,8 @@ class Generator:
                 argmax = self.logits[0, :T].argmax(-1).cpu().numpy()
                 acc = accept_greedy(vt, argmax)
                 stats.accept_lengths.append(int(acc.num_accepted))
+                if on_round is not None:
+                    on_round(vt, acc)
                 m = len(acc.indices)
                 self.tcache.commit(L, acc.indices)
                 tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
