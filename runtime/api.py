@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from eagle_export.errors import GenerationError
+from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
@@ -28,6 +28,21 @@ from .generator import GenerationResult, Generator
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ort",)
+
+
+def _load_tokenizer(directory: Path):
+    """The artifact's tokenizer; missing or unreadable files are a ManifestError, not a transformers traceback."""
+    if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        raise ManifestError(
+            f"{directory}: the manifest lists a tokenizer but tokenizer.json / tokenizer.model is missing: copy the "
+            "target's tokenizer files back into the artifact, or re-export"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as e:  # transformers raises many types; name the directory and its message
+        raise ManifestError(f"{directory}: could not load the tokenizer ({type(e).__name__}: {e}): re-export") from e
 
 
 class _OwnedLock:
@@ -103,11 +118,7 @@ class EagleRuntime:
             be = OrtBackend(directory, manifest, providers, threads)
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
-        tokenizer = None
-        if manifest.has_tokenizer:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
         return cls(directory, manifest, be, tokenizer, prefill_chunk)
 
     # ---- text <-> ids ------------------------------------------------------------------------
