@@ -28,11 +28,11 @@ What it computes, per round (names as in docs/runtime.md):
 4. Acceptance: from the root, run the target on sequence + path and step to the child whose
    token is the target's argmax; stop when none is. The argmax there is the bonus token.
 
-Each round also records ``margin``: the smallest gap between two values whose order decided
-something this round (adjacent top-k log-probs, adjacent scores at the frontier cut, the scores
-at the selection cut, the target's top-2 logits along the walk). A disagreement with another
-implementation in a round whose margin is below the numeric noise of the comparison is a tie,
-not a bug.
+Each round also records two margins: the smallest gap between two values whose order decided
+something this round, on the draft side (adjacent top-k log-probs, adjacent scores at the
+frontier cut, the scores at the selection cut) and on the target side (the target's top-2 logits
+along the walk). A disagreement with another implementation in a round whose margin is below the
+numeric noise of the comparison is a tie, not a bug.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class EagleRound:
     tree_parents: list[int]  # tree index of each node's parent, -1 for the root
     accepted: int  # draft tokens accepted
     committed: list[int]  # accepted draft tokens + the bonus token
-    margin: float = math.inf  # oracle only: smallest decisive gap this round
+    draft_margin: float = math.inf  # oracle only: smallest decisive draft log-prob / score gap this round
+    target_margin: float = math.inf  # oracle only: smallest target top-2 logit gap along the walk
 
     @classmethod
     def from_runtime(cls, tree, acc) -> EagleRound:
@@ -157,15 +158,15 @@ class EagleOracle:
         feats, logits = self.target(seq)
         ctx_feats, ctx_tokens = feats[:L], seq[1:L + 1]
         root_hidden = self.head_hidden(ctx_feats, ctx_tokens)[-1]
-        margin = math.inf
+        draft_margin = target_margin = math.inf
 
         nodes: list[_Node] = []
 
         def children(hidden: torch.Tensor, parent: int, base_score: float) -> list[_Node]:
-            nonlocal margin
+            nonlocal draft_margin
             vals, ids = torch.topk(self.head_logprobs(hidden), min(k + 1, self.lm.config.vocab_size))
             vals, ids = vals.tolist(), ids.tolist()
-            margin = min(margin, _gaps(vals, k))
+            draft_margin = min(draft_margin, _gaps(vals, k))
             return [_Node(ids[j], parent, base_score + vals[j]) for j in range(k)]
 
         def path(c: int) -> list[int]:
@@ -189,11 +190,11 @@ class EagleOracle:
             base = len(nodes)
             nodes += new
             order = sorted(range(len(new)), key=lambda i: (-new[i].score, i))
-            margin = min(margin, _gaps([new[i].score for i in order], k))
+            draft_margin = min(draft_margin, _gaps([new[i].score for i in order], k))
             frontier = [base + i for i in order[:k]]
 
         ranked = sorted(range(len(nodes)), key=lambda c: (-nodes[c].score, c))
-        margin = min(margin, _gaps([nodes[c].score for c in ranked][tree.total_tokens - 1:], 1))  # the cut
+        draft_margin = min(draft_margin, _gaps([nodes[c].score for c in ranked][tree.total_tokens - 1:], 1))
         chosen = sorted(ranked[: tree.total_tokens])
         tree_index = {c: i + 1 for i, c in enumerate(chosen)}
         tokens = [seq[-1]] + [nodes[c].token for c in chosen]
@@ -204,7 +205,7 @@ class EagleOracle:
         row = logits[-1]
         while True:
             want, gap = self._argmax(row)
-            margin = min(margin, gap)
+            target_margin = min(target_margin, gap)
             kids = [i for i in range(1, len(tokens)) if parents[i] == node and tokens[i] == want]
             if not kids:
                 break
@@ -213,7 +214,7 @@ class EagleOracle:
             cur.append(want)
             row = self.target(cur)[1][-1]
         accepted = [tokens[i] for i in walk[1:]]
-        return EagleRound(tokens, parents, len(accepted), accepted + [want], margin)
+        return EagleRound(tokens, parents, len(accepted), accepted + [want], draft_margin, target_margin)
 
     @staticmethod
     def _argmax(row: torch.Tensor) -> tuple[int, float]:
@@ -231,21 +232,24 @@ class OracleComparison:
 
 
 def compare_with_oracle(tokens: list[int], rounds: list[EagleRound], oracle: OracleResult,
-                        tie_gap: float) -> OracleComparison:
+                        tie_gap: float, draft_tie_gap: float | None = None) -> OracleComparison:
     """Round-by-round comparison of a run (tokens + its rounds) with the oracle's.
 
-    The first difference decides: a tie when the oracle's margin there is below ``tie_gap``
-    (the two sides may legitimately order near-equal values differently), else a mismatch.
+    The first difference decides: a tie when the oracle's target margin there is below
+    ``tie_gap`` or its draft margin below ``draft_tie_gap`` (default: ``tie_gap``): the two sides
+    may legitimately order near-equal values differently. Otherwise a mismatch.
     """
+    draft_tie_gap = tie_gap if draft_tie_gap is None else draft_tie_gap
     if tokens[:1] != oracle.tokens[:1]:
         status = "tie" if oracle.first_margin < tie_gap else "mismatch"
         return OracleComparison(status, 0, f"first token: got {tokens[:1]}, oracle {oracle.tokens[:1]} "
                                            f"(target top-2 gap {oracle.first_margin:.3g})")
     for i, (got, want) in enumerate(zip(rounds, oracle.rounds, strict=False)):
         if not got.same_as(want):
-            status = "tie" if want.margin < tie_gap else "mismatch"
-            return OracleComparison(status, i, f"round {i}: got {got.to_dict()}, oracle {want.to_dict()} "
-                                               f"(smallest decisive gap {want.margin:.3g})")
+            tie = want.target_margin < tie_gap or want.draft_margin < draft_tie_gap
+            return OracleComparison("tie" if tie else "mismatch", i,
+                                    f"round {i}: got {got.to_dict()}, oracle {want.to_dict()} (smallest decisive "
+                                    f"gaps: draft {want.draft_margin:.3g}, target {want.target_margin:.3g})")
     if len(rounds) != len(oracle.rounds) or tokens != oracle.tokens:
         return OracleComparison("mismatch", min(len(rounds), len(oracle.rounds)),
                                 f"{len(rounds)} rounds and {len(tokens)} tokens, oracle {len(oracle.rounds)} rounds "
