@@ -56,11 +56,13 @@ class Tolerance:
 
 
 # fp32: the graphs compute what the modules compute, in the same precision: 1e-4 absolute.
-# fp16: the graphs run in half precision against the float32 modules, whose values carry about three
-# significant digits: 2e-2 relative, or 2e-2 of the output's scale (max(1, largest |PyTorch value| of
-# that output over all inputs)) absolute, so small elements of a large tensor are judged by its scale.
+# fp16: the graphs run in half precision against the float32 modules. Each fp16 op keeps about three
+# significant digits and the error grows with depth and context (measured on the tiny models: 0.5% of
+# an output's scale at cache 11, 2.5% at cache 254), so: 5e-2 relative, or 5e-2 of the output's scale
+# (max(1, largest |PyTorch value| of that output over all inputs)) absolute, which judges the small
+# elements of a large tensor by its scale. Real bugs (a wrong mask, position or weight) are O(100%).
 FP32_ATOL = 1e-4
-FP16_REL = 2e-2
+FP16_REL = 5e-2
 EXACT = Tolerance(0.0, 0.0)
 # Greedy/oracle comparisons: a first difference where the reference's deciding gap (target top-2 logits,
 # draft log-probs or path scores) is below the tie gap is a tie. Tie gap = max(floor, 4 x the worst error
@@ -728,8 +730,9 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
     graphs[C.DRAFT_GRAPH] = check_graph(
         directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng), head.layers, runner_cls, embed=head.embed_tokens,
         fc=head.fc, full_logprobs=lambda hidden: torch.log_softmax(head.logits(hidden.float()), dim=-1))
-    tie_gap = max(TIE_FLOOR[m.dtype], TIE_FACTOR * graphs[C.TARGET_GRAPH].outputs[C.LOGITS].max_abs,
-                  TIE_FACTOR * graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS].max_abs)
+    # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
+    deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
+    tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
     if prompts:
         log(f"generating {prompts} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
         vocab = m.target.vocab_size
