@@ -141,8 +141,10 @@ def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, tot
 @click.option("--draft", "draft_dir", type=click.Path(path_type=Path), default=None,
               help="Original draft checkpoint (default: the manifest's draft.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
-def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_dir, seed, as_json) -> None:
+def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_dir, seed, threads, as_json) -> None:
     """Check ARTIFACT against the PyTorch model: every graph output, greedy tokens, EAGLE rounds.
 
     Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
@@ -151,7 +153,7 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_d
 
     log = None if as_json else (lambda msg: click.echo(f"[validate] {msg}", err=True))
     report = validate(artifact, backend=backend, prompts=prompts, max_new_tokens=max_new_tokens, target=target_dir,
-                      draft=draft_dir, seed=seed, log=log)
+                      draft=draft_dir, seed=seed, threads=threads, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
     sys.exit(0 if report.passed else 1)
 

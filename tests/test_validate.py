@@ -87,7 +87,7 @@ def test_validate_passes(models, preset, kw):
 
 
 def test_cli_json_report_states_tolerances_and_worst_errors(tiny):
-    r = cli("validate", tiny[2], "--prompts", 2, "--max-new-tokens", 12, "--json")
+    r = cli("validate", tiny[2], "--prompts", 2, "--max-new-tokens", 12, "--threads", 1, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["passed"] is True and out["dtype"] == "float32" and out["backend"] == "ort"

@@ -686,8 +686,24 @@ def _check_sources(m: Manifest, target, head, cfg) -> None:
 
 def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_new_tokens: int = 32,
              target: str | Path | None = None, draft: str | Path | None = None, seed: int = 0,
-             log=None) -> ValidationReport:
-    """Run every check; user errors raise EagleExportError, a failed check is ``report.passed == False``."""
+             threads: int | None = None, log=None) -> ValidationReport:
+    """Run every check; user errors raise EagleExportError, a failed check is ``report.passed == False``.
+
+    threads: intra-op threads for PyTorch and the runtime's ONNX Runtime sessions (None: their
+    defaults). Tiny models run fastest with 1: their forwards are too small to split.
+    """
+    if threads is not None and threads < 1:
+        raise EagleExportError(f"--threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log) -> ValidationReport:
     from eagle_export.export.loaders import load_eagle1_head, load_target
     from eagle_export.export.modules import DraftStep, TargetVerify
     from eagle_export.runtime import EagleRuntime
@@ -705,7 +721,8 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
         raise EagleExportError(
             f"{directory}: --backend tensorrt needs TensorRT engines in the artifact and a GPU to run them; this "
             "artifact has none and this version builds none yet: validate the ONNX graphs with --backend ort")
-    rt = EagleRuntime.open(directory, backend="ort")  # checks every graph file loads, before any long work
+    # Opening the runtime checks every graph file loads, before any long work.
+    rt = EagleRuntime.open(directory, backend="ort", threads=threads)
     sources = {}
     for part, override in (("target", target), ("draft", draft)):
         src = Path(override) if override is not None else Path(getattr(m, part).source)
