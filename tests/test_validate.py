@@ -58,7 +58,8 @@ def fail(*args, expect: tuple[str, ...]) -> str:
     r = cli(*args)
     assert r.exit_code == 2, r.output
     assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output and r.stderr.startswith("error: "), r.stderr
+    # Progress lines ("[validate] ...") may come first; the error is one last line.
+    assert "Traceback" not in r.output and r.stderr.rstrip("\n").split("\n")[-1].startswith("error: "), r.stderr
     for f in expect:
         assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
     return r.stderr

@@ -182,8 +182,8 @@ def draft_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, Ordere
     n = min(lim.max_depth + 1, 4)
     add(f"context pass after a round, cache {L} ({n} tokens)", n, np.arange(L, L + n)[None], _causal(n, L), L)
     k, level = m.tree_defaults.top_k, min(2, max(1, m.tree_defaults.depth))
-    add(f"tree level {level}, top_k {k}, cache {L}", k, np.full((1, k), L + level - 1), level_mask(k, L, level),
-        L + (level - 1) * k)
+    add(f"tree level {level}, top_k {k}, cache {L + (level - 1) * k}", k, np.full((1, k), L + level - 1),
+        level_mask(k, L, level), L + (level - 1) * k)
     k, level, L = lim.max_top_k, max(1, lim.max_depth), S - 2
     add(f"tree level {level}, top_k {k}, cache {L + (level - 1) * k}, near capacity", k,
         np.full((1, k), L + level - 1), level_mask(k, L, level), L + (level - 1) * k)
