@@ -212,5 +212,35 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
         click.echo(f"[{n} samples, {tokens} tokens, tau={committed / max(rounds, 1):.2f}]", err=True)
 
 
+@main.command("validate")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
+              help="Which exported engines to check against PyTorch.")
+@click.option("--prompts", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Random prompts for the end-to-end checks (0 skips them).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens generated per prompt in the end-to-end checks.")
+@click.option("--target", "target_dir", type=click.Path(path_type=Path), default=None,
+              help="Original target checkpoint (default: the manifest's target.source).")
+@click.option("--draft", "draft_dir", type=click.Path(path_type=Path), default=None,
+              help="Original draft checkpoint (default: the manifest's draft.source).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
+def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_dir, seed, threads, as_json) -> None:
+    """Check ARTIFACT against the PyTorch model: every graph output, greedy tokens, EAGLE rounds.
+
+    Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
+    """
+    from .tools.validate import validate
+
+    log = None if as_json else (lambda msg: click.echo(f"[validate] {msg}", err=True))
+    report = validate(artifact, backend=backend, prompts=prompts, max_new_tokens=max_new_tokens, target=target_dir,
+                      draft=draft_dir, seed=seed, threads=threads, log=log)
+    click.echo(json.dumps(report.to_dict()) if as_json else report.format())
+    sys.exit(0 if report.passed else 1)
+
+
 if __name__ == "__main__":
     main()

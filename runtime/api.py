@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from eagle_export.errors import GenerationError
+from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
@@ -29,6 +29,21 @@ from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ort", "tensorrt")
+
+
+def _load_tokenizer(directory: Path):
+    """The artifact's tokenizer; missing or unreadable files are a ManifestError, not a transformers traceback."""
+    if not any((directory / n).is_file() for n in ("tokenizer.json", "tokenizer.model")):
+        raise ManifestError(
+            f"{directory}: the manifest lists a tokenizer but tokenizer.json / tokenizer.model is missing: copy the "
+            "target's tokenizer files back into the artifact, or re-export"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as e:  # transformers raises many types; name the directory and its message
+        raise ManifestError(f"{directory}: could not load the tokenizer ({type(e).__name__}: {e}): re-export") from e
 
 
 class _OwnedLock:
@@ -110,11 +125,7 @@ class EagleRuntime:
             prefill_chunk = min(prefill_chunk, be.max_prefill)  # prefill chunks must fit the prefill profile
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
-        tokenizer = None
-        if manifest.has_tokenizer:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
         return cls(directory, manifest, be, tokenizer, prefill_chunk)
 
     # ---- text <-> ids ------------------------------------------------------------------------
@@ -136,14 +147,15 @@ class EagleRuntime:
     # ---- generation --------------------------------------------------------------------------
     def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
                tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
-               sampling: SamplingParams | None = None) -> GenerationStream:
+               sampling: SamplingParams | None = None, on_round=None) -> GenerationStream:
         """sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
-        random source of this request's own, seeded with ``sampling.seed``."""
+        random source of this request's own, seeded with ``sampling.seed``.
+        on_round: optional per-round trace hook (see ``Generator.run``)."""
         if (prompt is None) == (prompt_ids is None):
             raise GenerationError("give exactly one of prompt (text) or prompt_ids")
         ids = self.encode(prompt) if prompt is not None else prompt_ids
         gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
-                                 sampling=sampling)
+                                 sampling=sampling, on_round=on_round)
         return GenerationStream(self, gen, self._lock)
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:

@@ -175,12 +175,16 @@ class Generator:
 
     def run(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
             stop_on_eos: bool = True, sampling: SamplingParams | None = None,
-            rng: np.random.Generator | None = None) -> PyGenerator[list[int], None, GenerationResult]:
+            rng: np.random.Generator | None = None, on_round=None) -> PyGenerator[list[int], None, GenerationResult]:
         """Yield committed tokens as they are accepted; return the GenerationResult.
 
         sampling: None or temperature 0 = greedy. Otherwise tokens are sampled from the target's
         processed distribution, drawing from ``rng`` (default: a new one from ``sampling.seed``,
         owned by this request).
+
+        on_round: optional trace hook, called after each verify round's acceptance with the round's
+        ``VerifyTree`` and ``Accepted`` (read them in the call; their arrays are reused). Used by
+        ``validate`` and the tests to compare rounds with the PyTorch oracle (runtime/oracle.py).
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -197,7 +201,7 @@ class Generator:
             if not sampling.validate().is_greedy:
                 sampler = _Sampler(sampling, rng if rng is not None else sampling.make_rng())
         ids = self.check_prompt(prompt_ids)
-        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampler)
+        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampler, on_round)
 
     def _next_token(self, sampler: _Sampler | None) -> int:
         """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
@@ -213,7 +217,7 @@ class Generator:
         return accept_sampling(vt, LazyProbs(lambda i: rows[i].cpu().numpy(), T, sampler.params), sampler.rng)
 
     def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
-              sampler: _Sampler | None):
+              sampler: _Sampler | None, on_round=None):
         self.stats = stats = GenerationStats()
         n = len(prompt)
         out: list[int] = []
@@ -306,6 +310,8 @@ class Generator:
                 stats.rounds += 1
                 acc = self._accept(vt, sampler)
                 stats.accept_lengths.append(int(acc.num_accepted))
+                if on_round is not None:
+                    on_round(vt, acc)
                 m = len(acc.indices)
                 self.tcache.commit(L, acc.indices)
                 tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]

@@ -13,6 +13,7 @@ from eagle_export.manifest import Manifest
 
 ORT_DTYPES = ("float32", "float16")
 TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
 
 def _ptr_and_type(x: torch.Tensor | np.ndarray):
@@ -88,6 +89,21 @@ class OrtBackend:
                     f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
                     "re-export"
                 )
+            _check_types_and_dims(g.file, g.spec, session.session)
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         self.graphs[graph].run(inputs, outputs)
+
+
+def _check_types_and_dims(file: str, spec, session) -> None:
+    """Each graph tensor's dtype and fixed dims must be the manifest's: else the manifest is another model's."""
+    by_name = {t.name: t for t in (*spec.inputs, *spec.outputs)}
+    for arg in (*session.get_inputs(), *session.get_outputs()):
+        want = by_name[arg.name]
+        dims_ok = len(arg.shape) == len(want.shape) and all(
+            isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(arg.shape, want.shape, strict=True))
+        if ORT_TYPES.get(want.dtype) != arg.type or not dims_ok:
+            raise ManifestError(
+                f"graph {file}: {arg.name} is {arg.type} {list(arg.shape)} but the manifest says {want.dtype} "
+                f"{list(want.shape)} (a manifest from another model or export?): re-export"
+            )

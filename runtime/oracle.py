@@ -1,0 +1,257 @@
+"""A plain PyTorch oracle of the greedy EAGLE-2 loop: slow, cache-free, meant to be obviously correct.
+
+It shares nothing with the runtime's loop on purpose, so it can catch the runtime's bugs:
+
+- no KV cache, no tree attention mask, no exported graph: every forward runs over a whole
+  sequence with an ordinary causal mask;
+- the target is the Hugging Face model itself (``model.model(...)`` then ``lm_head``), not the
+  traced ``TargetVerify``;
+- the head's decoder layer runs through Hugging Face's own ``LlamaDecoderLayer.forward`` (eager
+  attention), not the traced ``tree_attention``;
+- the tree policy and greedy acceptance are restated here in plain Python, not ``TreeGrower`` or
+  ``accept_greedy``.
+
+What it computes, per round (names as in docs/runtime.md):
+
+1. Target forward on the committed sequence (prompt + generated, root last). Its last hidden
+   state after the final norm gives the features ``f_j``; its last row gives the target's choice
+   after the root.
+2. Draft context: the head over the pairs ``(f_j, x_{j+1})`` for ``j < L`` (``x_L`` is the root),
+   at positions ``0 .. L-1``. The last row's hidden predicts the root's children.
+3. Tree, brute force: every node the policy feeds to the draft is run as its own sequence, the
+   context pairs followed by the root-to-node path, each path pair carrying its parent's hidden
+   (the root's children carry the last context row's hidden) at positions ``L .. L+d-1``. The
+   node's hidden is the last row of that forward. Children: its top-k log-probs, scored by the
+   cumulative path log-prob. The best ``top_k`` children of a level form the next frontier; the
+   ``total_tokens`` best nodes of all levels form the verify tree, in generation order. Ties are
+   broken by generation order (as the runtime documents).
+4. Acceptance: from the root, run the target on sequence + path and step to the child whose
+   token is the target's argmax; stop when none is. The argmax there is the bonus token.
+
+Each round also records two margins: the smallest gap between two values whose order decided
+something this round, on the draft side (adjacent top-k log-probs, adjacent scores at the
+frontier cut, the scores at the selection cut) and on the target side (the target's top-2 logits
+along the walk). A disagreement with another implementation in a round whose margin is below the
+numeric noise of the comparison is a tie, not a bug.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eagle_export.tree_params import TreeParams
+
+
+@dataclass
+class EagleRound:
+    """One round of the loop, as both the runtime (via ``on_round``) and the oracle report it."""
+
+    tree_tokens: list[int]  # root first, tree order (generation order)
+    tree_parents: list[int]  # tree index of each node's parent, -1 for the root
+    accepted: int  # draft tokens accepted
+    committed: list[int]  # accepted draft tokens + the bonus token
+    draft_margin: float = math.inf  # oracle only: smallest decisive draft log-prob / score gap this round
+    target_margin: float = math.inf  # oracle only: smallest target top-2 logit gap along the walk
+
+    @classmethod
+    def from_runtime(cls, tree, acc) -> EagleRound:
+        """Build from the runtime's ``VerifyTree`` and ``Accepted`` (the ``on_round`` callback's arguments)."""
+        return cls([int(t) for t in tree.tokens], [int(p) for p in tree.parents], int(acc.num_accepted),
+                   [int(t) for t in acc.tokens] + [int(acc.bonus)])
+
+    def same_as(self, other: EagleRound) -> bool:
+        return (self.tree_tokens, self.tree_parents, self.accepted, self.committed) == (
+            other.tree_tokens, other.tree_parents, other.accepted, other.committed)
+
+    def to_dict(self) -> dict:
+        return {"tree_tokens": self.tree_tokens, "tree_parents": self.tree_parents, "accepted": self.accepted,
+                "committed": self.committed}
+
+
+@dataclass
+class OracleResult:
+    tokens: list[int]  # generated tokens (prompt excluded)
+    finish_reason: str  # "length" or "capacity"
+    first_margin: float  # target's top-2 gap behind the first token
+    rounds: list[EagleRound] = field(default_factory=list)
+
+
+def _gaps(sorted_desc: list[float], count: int) -> float:
+    """Smallest gap between adjacent values among the first ``count`` (+1 for the cut) of a descending list."""
+    vals = sorted_desc[: count + 1]
+    return min((a - b for a, b in zip(vals, vals[1:], strict=False)), default=math.inf)
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # candidate index of the parent, -1 = the root
+    score: float  # cumulative log-prob of the path
+    hidden: torch.Tensor | None = None  # the head's output at this node, once the node is fed
+
+
+class EagleOracle:
+    """Greedy EAGLE-2 over an eager target (a transformers causal LM) and an ``Eagle1Head``, fp32."""
+
+    def __init__(self, causal_lm: torch.nn.Module, head: torch.nn.Module):
+        self.lm = causal_lm.eval()
+        self.head = head.eval()
+
+    @classmethod
+    def load(cls, target_dir: str | Path, draft_dir: str | Path) -> EagleOracle:
+        from eagle_export.export.loaders import load_eagle1_head, load_target
+
+        target = load_target(target_dir, dtype=torch.float32, progress=False)
+        head, _, _ = load_eagle1_head(draft_dir, target)
+        return cls(target.model, head)
+
+    # ---- the two models, over whole sequences ----------------------------------------------
+    @torch.no_grad()
+    def target(self, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features [n, H] (last hidden state after the final norm) and float32 logits [n, V]."""
+        h = self.lm.model(input_ids=torch.tensor([seq]), use_cache=False).last_hidden_state[0]
+        return h, self.lm.lm_head(h).float()
+
+    @torch.no_grad()
+    def head_hidden(self, feats: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """The head over pairs (feats[i], tokens[i]) at positions 0..n-1 with a causal mask: hidden [n, H]."""
+        n = len(tokens)
+        emb = self.head.embed_tokens(torch.tensor([tokens])).to(feats.dtype)
+        x = self.head.fc(torch.cat((emb, feats[None]), dim=-1))
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
+        h = self.head.layers[0](x, attention_mask=mask, position_embeddings=self.head.rotary_emb(x, pos))
+        return h[0]
+
+    @torch.no_grad()
+    def head_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head.lm_head(hidden).float(), dim=-1)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def generate(self, prompt: list[int], max_new_tokens: int, tree: TreeParams,
+                 capacity: int | None = None) -> OracleResult:
+        """Greedy EAGLE without EOS stopping: ``min(max_new_tokens, capacity - len(prompt))`` tokens."""
+        prompt = [int(t) for t in prompt]
+        room = max_new_tokens if capacity is None else capacity - len(prompt)
+        limit = min(max_new_tokens, room)
+        reason = "length" if capacity is None or max_new_tokens <= room else "capacity"
+        if limit <= 0:
+            return OracleResult([], reason, math.inf)
+        _, logits = self.target(prompt)
+        first, first_margin = self._argmax(logits[-1])
+        out = [first]
+        rounds: list[EagleRound] = []
+        while len(out) < limit:
+            rnd = self.round(prompt + out, tree)
+            rounds.append(rnd)
+            out += rnd.committed
+        return OracleResult(out[:limit], reason, first_margin, rounds)
+
+    def round(self, seq: list[int], tree: TreeParams) -> EagleRound:
+        """One round on the committed sequence ``seq`` (its last token is the root)."""
+        k = tree.top_k
+        L = len(seq) - 1
+        feats, logits = self.target(seq)
+        ctx_feats, ctx_tokens = feats[:L], seq[1:L + 1]
+        root_hidden = self.head_hidden(ctx_feats, ctx_tokens)[-1]
+        draft_margin = target_margin = math.inf
+
+        nodes: list[_Node] = []
+
+        def children(hidden: torch.Tensor, parent: int, base_score: float) -> list[_Node]:
+            nonlocal draft_margin
+            vals, ids = torch.topk(self.head_logprobs(hidden), min(k + 1, self.lm.config.vocab_size))
+            vals, ids = vals.tolist(), ids.tolist()
+            draft_margin = min(draft_margin, _gaps(vals, k))
+            return [_Node(ids[j], parent, base_score + vals[j]) for j in range(k)]
+
+        def path(c: int) -> list[int]:
+            out = []
+            while c >= 0:
+                out.append(c)
+                c = nodes[c].parent
+            return out[::-1]
+
+        nodes += children(root_hidden, -1, 0.0)
+        frontier = list(range(k))
+        for _level in range(tree.depth):
+            new: list[_Node] = []
+            for c in frontier:
+                p = path(c)
+                parent_hidden = [root_hidden] + [nodes[a].hidden for a in p[:-1]]
+                h = self.head_hidden(torch.cat((ctx_feats, torch.stack(parent_hidden))),
+                                     ctx_tokens + [nodes[a].token for a in p])[-1]
+                nodes[c].hidden = h
+                new += children(h, c, nodes[c].score)
+            base = len(nodes)
+            nodes += new
+            order = sorted(range(len(new)), key=lambda i: (-new[i].score, i))
+            draft_margin = min(draft_margin, _gaps([new[i].score for i in order], k))
+            frontier = [base + i for i in order[:k]]
+
+        ranked = sorted(range(len(nodes)), key=lambda c: (-nodes[c].score, c))
+        draft_margin = min(draft_margin, _gaps([nodes[c].score for c in ranked][tree.total_tokens - 1:], 1))
+        chosen = sorted(ranked[: tree.total_tokens])
+        tree_index = {c: i + 1 for i, c in enumerate(chosen)}
+        tokens = [seq[-1]] + [nodes[c].token for c in chosen]
+        parents = [-1] + [0 if nodes[c].parent < 0 else tree_index[nodes[c].parent] for c in chosen]
+
+        # Greedy acceptance: walk down while the target's argmax is a child's token.
+        node, walk, cur = 0, [0], list(seq)
+        row = logits[-1]
+        while True:
+            want, gap = self._argmax(row)
+            target_margin = min(target_margin, gap)
+            kids = [i for i in range(1, len(tokens)) if parents[i] == node and tokens[i] == want]
+            if not kids:
+                break
+            node = kids[0]
+            walk.append(node)
+            cur.append(want)
+            row = self.target(cur)[1][-1]
+        accepted = [tokens[i] for i in walk[1:]]
+        return EagleRound(tokens, parents, len(accepted), accepted + [want], draft_margin, target_margin)
+
+    @staticmethod
+    def _argmax(row: torch.Tensor) -> tuple[int, float]:
+        top = torch.topk(row, 2).values
+        return int(row.argmax()), float(top[0] - top[1])
+
+
+@dataclass
+class OracleComparison:
+    """Outcome of one prompt: ``match``, ``tie`` (first difference at a near-tie) or ``mismatch``."""
+
+    status: str
+    rounds_compared: int
+    detail: str = ""
+
+
+def compare_with_oracle(tokens: list[int], rounds: list[EagleRound], oracle: OracleResult,
+                        tie_gap: float, draft_tie_gap: float | None = None) -> OracleComparison:
+    """Round-by-round comparison of a run (tokens + its rounds) with the oracle's.
+
+    The first difference decides: a tie when the oracle's target margin there is below
+    ``tie_gap`` or its draft margin below ``draft_tie_gap`` (default: ``tie_gap``): the two sides
+    may legitimately order near-equal values differently. Otherwise a mismatch.
+    """
+    draft_tie_gap = tie_gap if draft_tie_gap is None else draft_tie_gap
+    if tokens[:1] != oracle.tokens[:1]:
+        status = "tie" if oracle.first_margin < tie_gap else "mismatch"
+        return OracleComparison(status, 0, f"first token: got {tokens[:1]}, oracle {oracle.tokens[:1]} "
+                                           f"(target top-2 gap {oracle.first_margin:.3g})")
+    for i, (got, want) in enumerate(zip(rounds, oracle.rounds, strict=False)):
+        if not got.same_as(want):
+            tie = want.target_margin < tie_gap or want.draft_margin < draft_tie_gap
+            return OracleComparison("tie" if tie else "mismatch", i,
+                                    f"round {i}: got {got.to_dict()}, oracle {want.to_dict()} (smallest decisive "
+                                    f"gaps: draft {want.draft_margin:.3g}, target {want.target_margin:.3g})")
+    if len(rounds) != len(oracle.rounds) or tokens != oracle.tokens:
+        return OracleComparison("mismatch", min(len(rounds), len(oracle.rounds)),
+                                f"{len(rounds)} rounds and {len(tokens)} tokens, oracle {len(oracle.rounds)} rounds "
+                                f"and {len(oracle.tokens)} tokens")
+    return OracleComparison("match", len(rounds))

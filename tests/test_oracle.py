@@ -1,0 +1,151 @@
+"""The runtime against the PyTorch oracle (runtime/oracle.py), round by round: same tree (tokens and
+parents), same accepted length, same committed tokens. Hypothesis draws the tree settings, the
+prompt, the length and the tiny model (one of them with capacity 40, so generations end on
+capacity mid-round). The oracle is itself lossless, and it catches runtime bugs that leave the
+output tokens intact (a token-level comparison alone would not)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import Comparison, GreedyReference
+
+from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime import generator as generator_mod
+from eagle_export.runtime.accept import Accepted
+from eagle_export.runtime.oracle import EagleOracle, EagleRound, compare_with_oracle
+from eagle_export.runtime.tree import Frontier, TreeGrower
+from eagle_export.tree_params import TreeParams
+
+TIE_GAP = 1e-4
+VOCAB = 48  # the fixtures' small vocabulary
+# name -> models(...) arguments: fixtures other tests build too, so the session exports nothing new.
+MODELS = {
+    "mha": ("mha", {}),
+    "gqa-nobias": ("gqa", {"fc_bias": False}),
+    "tied-ownembed": ("tied", {"fc_bias": True, "own_embedding": "random"}),
+    "mha-capacity40": ("mha", {"max_seq_len": 40}),
+}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one torch thread is fastest, and does not fight ONNX Runtime for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pairs(models, one_thread) -> dict[str, tuple[EagleRuntime, EagleOracle, int]]:
+    out = {}
+    for name, (preset, kw) in MODELS.items():
+        target, draft, art = models(preset, **kw)
+        rt = EagleRuntime.open(art, threads=1)
+        out[name] = (rt, EagleOracle.load(target, draft), rt.manifest.max_seq_len)
+    return out
+
+
+def traced(rt: EagleRuntime, prompt: list[int], n: int, tree: TreeParams):
+    rounds: list[EagleRound] = []
+    res = rt.generate(prompt_ids=prompt, max_new_tokens=n, tree=tree, stop_on_eos=False,
+                      on_round=lambda vt, acc: rounds.append(EagleRound.from_runtime(vt, acc)))
+    return res, rounds
+
+
+@st.composite
+def cases(draw):
+    k = draw(st.integers(1, 4))
+    depth = draw(st.integers(0, 3))
+    tree = TreeParams(top_k=k, depth=depth, total_tokens=draw(st.integers(1, k + depth * k * k)))
+    model = draw(st.sampled_from(sorted(MODELS)))
+    prompt = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=38))
+    return model, tree, prompt, draw(st.integers(1, 14))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_runtime_equals_oracle_round_by_round(pairs, case):
+    name, tree, prompt, n = case
+    rt, oracle, capacity = pairs[name]
+    res, rounds = traced(rt, prompt, n, tree)
+    want = oracle.generate(prompt, n, tree, capacity=capacity)
+    cmp = compare_with_oracle(res.tokens, rounds, want, TIE_GAP)
+    assert cmp.status in ("match", "tie"), f"{name} {tree}: {cmp.detail}"
+    if cmp.status == "match":
+        assert res.tokens == want.tokens and res.finish_reason == want.finish_reason
+        assert res.stats.accept_lengths == [r.accepted for r in want.rounds]
+
+
+def test_rounds_with_acceptance(pairs):
+    """Fixed settings where drafts do get accepted, so multi-token commits are compared too."""
+    rng = np.random.default_rng(3)
+    accepted = 0
+    for name in ("mha", "gqa-nobias"):
+        rt, oracle, capacity = pairs[name]
+        for tree in (TreeParams(8, 3, 24), TreeParams(1, 3, 3), TreeParams(3, 2, 10)):
+            for _ in range(2):
+                prompt = rng.integers(3, VOCAB, int(rng.integers(2, 20))).tolist()
+                res, rounds = traced(rt, prompt, 16, tree)
+                cmp = compare_with_oracle(res.tokens, rounds, oracle.generate(prompt, 16, tree, capacity), TIE_GAP)
+                assert cmp.status == "match", cmp.detail
+                accepted += sum(r.accepted for r in rounds)
+    print(f"\n{accepted} draft tokens accepted")
+    assert accepted >= 8, f"only {accepted} draft tokens accepted: the comparison barely exercised commits"
+
+
+def test_oracle_is_lossless(models, pairs):
+    """The oracle's EAGLE tokens are transformers' greedy tokens (it is a reference, so check it too)."""
+    target, _, _ = models("gqa", fc_bias=False)
+    _, oracle, _ = pairs["gqa-nobias"]
+    ref = GreedyReference(target)
+    cmp = Comparison()
+    rng = np.random.default_rng(5)
+    for tree in (TreeParams(4, 3, 12), TreeParams(2, 0, 2)):
+        for _ in range(3):
+            prompt = rng.integers(3, VOCAB, int(rng.integers(1, 20))).tolist()
+            ref.compare(prompt, oracle.generate(prompt, 20, tree).tokens, ref.generate(prompt, 20), cmp, str(tree))
+    assert not cmp.failures, cmp.failures
+
+
+def _first_mismatch(pairs, name, tree, tries=12):
+    """Generate with the (patched) runtime until the oracle comparison finds a mismatch; tokens stay lossless."""
+    rt, oracle, capacity = pairs[name]
+    rng = np.random.default_rng(11)
+    for _ in range(tries):
+        prompt = rng.integers(3, VOCAB, int(rng.integers(2, 20))).tolist()
+        res, rounds = traced(rt, prompt, 24, tree)
+        want = oracle.generate(prompt, 24, tree, capacity)
+        assert res.tokens == want.tokens  # the bug leaves greedy output intact...
+        cmp = compare_with_oracle(res.tokens, rounds, want, TIE_GAP)
+        if cmp.status == "mismatch":
+            return cmp  # ...and the round-by-round comparison still sees it
+    return None
+
+
+def test_oracle_catches_a_runtime_that_never_accepts(pairs, monkeypatch):
+    """A runtime that rejects every draft token (bonus only) is lossless, but it is not EAGLE."""
+
+    def reject_all(tree, argmax):
+        return Accepted(indices=np.zeros(1, dtype=np.int64), tokens=tree.tokens[:0].copy(), bonus=int(argmax[0]))
+
+    monkeypatch.setattr(generator_mod, "accept_greedy", reject_all)
+    cmp = _first_mismatch(pairs, "mha", TreeParams(4, 3, 12))
+    assert cmp is not None and "'accepted': 0" in cmp.detail
+
+
+def test_oracle_catches_draft_seeing_other_branches(pairs, monkeypatch):
+    """A draft mask that lets tree nodes see every earlier frontier row (not just their ancestors)."""
+    original = TreeGrower._frontier
+
+    def leaky(self, level):
+        f = original(self, level)
+        return Frontier(tokens=f.tokens, parent_rows=f.parent_rows, tree_mask=np.ones_like(f.tree_mask),
+                        level=f.level)
+
+    monkeypatch.setattr(TreeGrower, "_frontier", leaky)
+    assert _first_mismatch(pairs, "mha", TreeParams(3, 3, 12)) is not None

@@ -1,0 +1,776 @@
+"""`eagle-export validate`: prove an artifact behaves like the PyTorch model, or find where it does not.
+
+Three checks, each against the original checkpoints named in the manifest (``target.source``,
+``draft.source``), loaded in float32:
+
+1. **Graphs.** Every output of both graphs, on inputs that cover prefill (cache 0 and a later
+   chunk), tree verification with random trees (cache 0, mid, and near capacity), plain decode,
+   and draft context passes and tree levels (cache 0 and near capacity), run by Polygraphy's
+   ``Comparator`` with an ``OnnxrtRunner`` over the artifact's graphs and a PyTorch runner over
+   the traced modules (``TargetVerify``, ``DraftStep``), compared with ``CompareFunc.simple`` at
+   a tolerance per dtype and per output. When a graph is out of tolerance, both runners run
+   again on the failing input with the residual stream of every decoder layer marked as an
+   output (after attention and after the MLP), and the first layer out of tolerance is named.
+2. **Greedy tokens** of the runtime (EAGLE and ``--no-draft``) versus transformers' greedy
+   ``generate`` on random prompts.
+3. **EAGLE rounds** versus the PyTorch oracle (``runtime/oracle.py``): same tree, same accepted
+   lengths, same tokens, round by round.
+
+See docs/validate.md for tolerances and how layers are located.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eagle_export import contract as C
+from eagle_export.errors import EagleExportError, ManifestError
+from eagle_export.manifest import Manifest, load_manifest
+
+BACKENDS = ("ort", "tensorrt")
+ORT_RUNNER, TORCH_RUNNER = "onnxrt", "pytorch"
+
+
+# ---- tolerances ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Elementwise: an element fails when |got - want| > atol and |got - want| > rtol * |want| (want = PyTorch)."""
+
+    atol: float
+    rtol: float
+
+    def to_dict(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol}
+
+
+# fp32: the graphs compute what the modules compute, in the same precision: 1e-4 absolute.
+# fp16: the graphs run in half precision against the float32 modules. Each fp16 op keeps about three
+# significant digits and the error grows with depth and context (measured on the tiny models: 0.5% of
+# an output's scale at cache 11, 2.5% at cache 254), so: 5e-2 relative, or 5e-2 of the output's scale
+# (max(1, largest |PyTorch value| of that output over all inputs)) absolute, which judges the small
+# elements of a large tensor by its scale. Real bugs (a wrong mask, position or weight) are O(100%).
+FP32_ATOL = 1e-4
+FP16_REL = 5e-2
+EXACT = Tolerance(0.0, 0.0)
+# Greedy/oracle comparisons: a first difference where the reference's deciding gap (target top-2 logits,
+# draft log-probs or path scores) is below the tie gap is a tie. Tie gap = max(floor, 4 x the worst error
+# measured on logits and topk_logprobs): in a generation, errors also travel from the target's features
+# into the draft, so the graph-level error alone is not enough.
+TIE_FLOOR = {"float32": 1e-4, "float16": 1e-2}
+TIE_FACTOR = 4.0
+
+
+def tolerances(torch_iterations: list, dtype: str) -> dict[str, Tolerance]:
+    """Per output, from the PyTorch runner's outputs: ints exact (top-k ids: up to ties), floats per dtype."""
+    tols = {}
+    for name, first in torch_iterations[0].items():
+        if np.issubdtype(first.dtype, np.integer):
+            tols[name] = EXACT
+        elif dtype == "float32":
+            tols[name] = Tolerance(FP32_ATOL, 0.0)
+        else:
+            scale = max([1.0] + [float(np.abs(it[name].astype(np.float32)).max(initial=0.0))
+                                 for it in torch_iterations])
+            tols[name] = Tolerance(float(f"{FP16_REL * scale:.2g}"), FP16_REL)
+    return tols
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+
+def random_tree(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random tree of n nodes in tree order (parents precede children): (depths, ancestor-or-self mask)."""
+    parents = np.full(n, -1)
+    for i in range(1, n):
+        parents[i] = rng.integers(0, i)
+    depths = np.zeros(n, dtype=np.int64)
+    mask = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+        depths[i] = mask[i].sum() - 1
+    return depths, mask
+
+
+def _past(rng, rows: int, layers: int, heads: int, dim: int, dtype: str) -> list[np.ndarray]:
+    return [rng.standard_normal((1, rows, heads, dim)).astype(dtype) for _ in range(2 * layers)]
+
+
+def _causal(new: int, past: int) -> np.ndarray:
+    return np.concatenate([np.ones((new, past), dtype=bool), np.tri(new, dtype=bool)], axis=1)[None]
+
+
+def target_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, OrderedDict]]:
+    """Target verify inputs: prefill, tree verify (random trees), decode; cache 0, mid and near capacity."""
+    t, S = m.target, m.max_seq_len
+    tree_n = m.tree_defaults.total_tokens + 1
+    max_n = m.tree_limits.max_total_tokens + 1
+    mid = min(S - 2, 11)
+    cases = []
+
+    names = m.graphs[C.TARGET_GRAPH].spec.input_names
+
+    def add(name, ids, pos, mask, rows, past):
+        feed = OrderedDict(zip(names, [ids, pos, mask, rows,
+                                       *_past(rng, past, t.num_layers, t.kv_heads, t.head_dim, m.dtype)], strict=True))
+        cases.append((name, feed))
+
+    def ids(n):
+        return rng.integers(0, t.vocab_size, (1, n)).astype(np.int64)
+
+    n = min(S, 7)
+    add(f"prefill, cache 0 ({n} tokens)", ids(n), np.arange(n)[None], _causal(n, 0), np.array([[n - 1]]), 0)
+    n = min(5, S - mid)
+    add(f"prefill chunk, cache {mid} ({n} tokens)", ids(n), np.arange(mid, mid + n)[None], _causal(n, mid),
+        np.array([[n - 1]]), mid)
+    for past, n, what in ((0, tree_n, "cache 0"), (mid, tree_n, f"cache {mid}"),
+                          (S - 2, max_n, f"cache {S - 2}, near capacity")):
+        depths, tmask = random_tree(rng, n)
+        mask = np.concatenate([np.ones((n, past), dtype=bool), tmask], axis=1)[None]
+        add(f"tree verify, random {n}-node tree, {what}", ids(n), (past + depths)[None], mask, np.arange(n)[None],
+            past)
+    add(f"decode step, cache {S - 1}", ids(1), np.array([[S - 1]]), np.ones((1, 1, S), dtype=bool),
+        np.array([[0]]), S - 1)
+    for _, feed in cases:
+        for k in (C.POSITION_IDS, C.LOGIT_INDICES):
+            feed[k] = np.ascontiguousarray(feed[k], dtype=np.int64)
+    return cases
+
+
+def draft_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, OrderedDict]]:
+    """Draft step inputs: context passes and tree levels (random ancestors), cache 0 and near capacity."""
+    d, t, S = m.draft, m.target, m.max_seq_len
+    lim = m.tree_limits
+    names = m.graphs[C.DRAFT_GRAPH].spec.input_names
+    cases = []
+
+    def add(name, n, pos, mask, past, tree_level=False):
+        """Context passes feed target features; tree levels feed the draft's own hidden (contract v2)."""
+        hidden_rows = n if tree_level else 0
+        feed = OrderedDict(zip(names, [
+            rng.integers(0, t.vocab_size, (1, n)).astype(np.int64),
+            rng.standard_normal((1, n - hidden_rows, d.feature_dim)).astype(m.dtype),
+            rng.standard_normal((1, hidden_rows, d.hidden_size)).astype(m.dtype),
+            np.ascontiguousarray(pos, dtype=np.int64), mask,
+            *_past(rng, past, 1, d.kv_heads, d.head_dim, m.dtype)], strict=True))
+        cases.append((name, feed))
+
+    def level_mask(k: int, L: int, level: int) -> np.ndarray:
+        """Tree level ``level``: context visible, one ancestor row per earlier level, identity block."""
+        fed = (level - 1) * k
+        mask = np.zeros((k, L + fed + k), dtype=bool)
+        mask[:, :L] = True
+        for lv in range(level - 1):
+            mask[np.arange(k), L + lv * k + rng.integers(0, k, k)] = True
+        mask[:, L + fed:] = np.eye(k, dtype=bool)
+        return mask[None]
+
+    n = min(S, 7)
+    add(f"context pass, cache 0 ({n} tokens)", n, np.arange(n)[None], _causal(n, 0), 0)
+    L = min(S - 2, 11)
+    n = min(lim.max_depth + 1, 4)
+    add(f"context pass after a round, cache {L} ({n} tokens)", n, np.arange(L, L + n)[None], _causal(n, L), L)
+    k, level = m.tree_defaults.top_k, min(2, max(1, m.tree_defaults.depth))
+    add(f"tree level {level}, top_k {k}, cache {L + (level - 1) * k}", k, np.full((1, k), L + level - 1),
+        level_mask(k, L, level), L + (level - 1) * k, tree_level=True)
+    k, level, L = lim.max_top_k, max(1, lim.max_depth), S - 2
+    add(f"tree level {level}, top_k {k}, cache {L + (level - 1) * k}, near capacity", k,
+        np.full((1, k), L + level - 1), level_mask(k, L, level), L + (level - 1) * k, tree_level=True)
+    return cases
+
+
+# ---- the PyTorch runner ----------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """An intermediate tensor compared in both runners: the ONNX tensor and how to capture it in PyTorch."""
+
+    label: str  # e.g. "layers.1.mlp": layer 1's residual stream after its MLP
+    onnx_name: str
+    capture: tuple  # ("output", module) | ("input", module) | ("sum", mid_module, mlp_module)
+
+
+def _make_runner_class():
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+
+    class TorchRunner(BaseRunner):
+        """Runs a traced module (TargetVerify / DraftStep) eagerly in float32 on the contract's inputs.
+
+        Outputs are cast to the artifact's dtypes, named as in the graph spec. With ``probes``, the
+        captured intermediate tensors are returned too, under their ONNX tensor names.
+        """
+
+        def __init__(self, module, spec: C.GraphSpec, probes: list[Probe] = (), full_logprobs=None, name=None):
+            super().__init__(name=name or TORCH_RUNNER, prefix="pytorch-runner")
+            self.module, self.spec, self.probes = module, spec, list(probes)
+            self.full_logprobs = full_logprobs  # callable(hidden) -> full log-probs, recorded per call (draft)
+            self.recorded: list[np.ndarray] = []
+
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for t in self.spec.inputs:
+                meta.add(t.name, dtype=np.dtype(t.dtype), shape=[d if isinstance(d, int) else None for d in t.shape])
+            return meta
+
+        def infer_impl(self, feed_dict):
+            args = []
+            for t in self.spec.inputs:
+                x = torch.from_numpy(np.ascontiguousarray(feed_dict[t.name]))
+                args.append(x.float() if x.is_floating_point() else x)
+            captured: dict[str, torch.Tensor] = {}
+            handles = []
+            for p in self.probes:
+                kind, *mods = p.capture
+                if kind == "output":
+                    handles.append(mods[0].register_forward_hook(
+                        lambda _m, _i, out, key=p.onnx_name: captured.__setitem__(key, out)))
+                elif kind == "input":
+                    handles.append(mods[0].register_forward_pre_hook(
+                        lambda _m, inp, key=p.onnx_name: captured.__setitem__(key, inp[0])))
+                else:  # residual after the MLP: the post-attention residual plus the MLP's output
+                    mid_key, out_key = p.onnx_name + "#mid", p.onnx_name + "#mlp"
+                    handles.append(mods[0].register_forward_pre_hook(
+                        lambda _m, inp, key=mid_key: captured.__setitem__(key, inp[0])))
+                    handles.append(mods[1].register_forward_hook(
+                        lambda _m, _i, out, key=out_key: captured.__setitem__(key, out)))
+            start = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    outs = self.module(*args)
+            finally:
+                for h in handles:
+                    h.remove()
+            self.inference_time = time.perf_counter() - start
+            result = OrderedDict()
+            for t, o in zip(self.spec.outputs, outs, strict=True):
+                result[t.name] = o.detach().numpy().astype(t.dtype)
+            float_dtype = next(t.dtype for t in self.spec.outputs if t.name not in (C.LOGITS, C.TOPK_LOGPROBS,
+                                                                                     C.TOPK_IDS))
+            for p in self.probes:
+                if p.capture[0] == "sum":
+                    val = captured[p.onnx_name + "#mid"] + captured[p.onnx_name + "#mlp"]
+                else:
+                    val = captured[p.onnx_name]
+                result[p.onnx_name] = val.detach().numpy().astype(float_dtype)
+            if self.full_logprobs is not None:
+                with torch.no_grad():
+                    self.recorded.append(self.full_logprobs(outs[2]).numpy())
+            return result
+
+    return TorchRunner
+
+
+# ---- finding layers in the ONNX graph --------------------------------------------------------
+
+
+def _layer_matmuls(model, proj: str) -> dict[int, object]:
+    """Layer index -> the MatMul node of ``proj`` (o_proj / down_proj) in that layer.
+
+    The legacy exporter names a module's nodes by its call site. Modules called through their
+    layer's forward are scoped ``/layers.3/self_attn/o_proj/MatMul``; ours are called directly from
+    the traced forward, so the scope is the short name numbered by call order: ``/o_proj/MatMul``
+    for the first layer, ``/o_proj_1/MatMul`` for the second, ... (``/mlp/down_proj_1/MatMul``).
+    """
+    scoped = re.compile(rf"/layers\.(\d+)/(?:[^/]+/)*{proj}/MatMul$")
+    flat = re.compile(rf"^/(?:[^/]+/)*{proj}(?:_(\d+))?/MatMul$")
+    found: dict[int, object] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        hit = scoped.search(node.name)
+        idx = int(hit.group(1)) if hit else None
+        if idx is None and (hit := flat.match(node.name)):
+            idx = int(hit.group(1) or 0)
+        if idx is not None:
+            if idx in found:
+                raise ValueError(f"two {proj} MatMuls for layer {idx}")
+            found[idx] = node
+    return found
+
+
+def _residual_after(model, tensor: str) -> str:
+    """The residual Add fed by ``tensor``, past any bias Add: its output is the residual stream."""
+    inits = {i.name for i in model.graph.initializer}
+    consts = {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    while True:
+        users = [n for n in model.graph.node if tensor in n.input]
+        if len(users) != 1 or users[0].op_type != "Add":
+            raise ValueError(f"{tensor} does not feed exactly one Add")
+        other = [x for x in users[0].input if x != tensor]
+        tensor = users[0].output[0]
+        if not other or other[0] not in inits | consts:
+            return tensor  # the residual add (its other input is computed, not a weight)
+
+
+def find_probes(model, layers, embed=None, fc=None) -> list[Probe]:
+    """Probes in execution order: embedding (and fc), then per layer the residual after attention and after the MLP.
+
+    model: the ONNX ModelProto (structure only); layers: the PyTorch decoder layers in order.
+    Raises ValueError when the graph's layers cannot be mapped one-to-one.
+    """
+    probes = []
+    if embed is not None:
+        gathers = [n for n in model.graph.node if n.op_type == "Gather" and C.INPUT_IDS in n.input]
+        if len(gathers) == 1:
+            probes.append(Probe("embed_tokens", gathers[0].output[0], ("output", embed)))
+    if fc is not None:
+        fcs = _layer_matmuls(model, "fc")
+        if len(fcs) == 1:
+            node = fcs[0]
+            out = node.output[0]
+            users = [n for n in model.graph.node if out in n.input]
+            inits = {i.name for i in model.graph.initializer}
+            if len(users) == 1 and users[0].op_type == "Add" and any(x in inits for x in users[0].input):
+                out = users[0].output[0]  # fc bias
+            probes.append(Probe("fc", out, ("output", fc)))
+    attn, mlp = _layer_matmuls(model, "o_proj"), _layer_matmuls(model, "down_proj")
+    n = len(layers)
+    if sorted(attn) != list(range(n)) or sorted(mlp) != list(range(n)):
+        raise ValueError(f"found o_proj for layers {sorted(attn)} and down_proj for layers {sorted(mlp)}, "
+                         f"expected 0..{n - 1}")
+    for i, layer in enumerate(layers):
+        probes.append(Probe(f"layers.{i}.self_attn", _residual_after(model, attn[i].output[0]),
+                            ("input", layer.post_attention_layernorm)))
+        probes.append(Probe(f"layers.{i}.mlp", _residual_after(model, mlp[i].output[0]),
+                            ("sum", layer.post_attention_layernorm, layer.mlp)))
+    return probes
+
+
+# ---- reports ---------------------------------------------------------------------------------
+
+
+@dataclass
+class OutputReport:
+    name: str
+    tol: Tolerance
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    worst_case: str = ""
+    passed: bool = True
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"tolerance": self.tol.to_dict(), "max_abs": self.max_abs, "max_rel": self.max_rel,
+                "worst_case": self.worst_case, "passed": self.passed, "note": self.note}
+
+
+@dataclass
+class GraphReport:
+    name: str
+    cases: list[str]
+    outputs: dict[str, OutputReport]
+    failed_cases: list[str] = field(default_factory=list)
+    divergence: dict | None = None  # first divergent layer, when a case failed
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs.values())
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "cases": self.cases, "failed_cases": self.failed_cases,
+                "outputs": {k: v.to_dict() for k, v in self.outputs.items()}, "first_divergence": self.divergence}
+
+
+@dataclass
+class TokenReport:
+    """Greedy vs transformers, or EAGLE rounds vs the oracle, over the random prompts."""
+
+    what: str
+    prompts: int = 0
+    tokens: int = 0
+    rounds: int = 0
+    accepted: int = 0
+    ties: int = 0
+    failures: list[str] = field(default_factory=list)
+    skipped: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        d = {"passed": self.passed, "skipped": self.skipped, "prompts": self.prompts, "tokens": self.tokens,
+             "ties": self.ties, "failures": self.failures}
+        if self.what == "eagle":
+            d.update(rounds=self.rounds, accepted=self.accepted)
+        return d
+
+
+@dataclass
+class ValidationReport:
+    artifact: str
+    backend: str
+    dtype: str
+    target_source: str
+    draft_source: str
+    tree: dict
+    graphs: dict[str, GraphReport]
+    greedy: TokenReport
+    eagle: TokenReport
+    tie_gap: float  # logit / log-prob gap below which a first difference is a tie
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.graphs.values()) and self.greedy.passed and self.eagle.passed
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed, "artifact": self.artifact, "backend": self.backend, "dtype": self.dtype,
+            "reference": {"target": self.target_source, "draft": self.draft_source, "dtype": "float32",
+                          "modules": {C.TARGET_GRAPH: "TargetVerify", C.DRAFT_GRAPH: "DraftStep"}},
+            "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
+            "greedy_vs_transformers": self.greedy.to_dict(),
+            "eagle_vs_oracle": {**self.eagle.to_dict(), "tree": self.tree},
+            "tie_gap": self.tie_gap, "seconds": round(self.seconds, 2),
+        }
+
+    def format(self) -> str:
+        ok = {True: "PASS", False: "FAIL"}
+        lines = [f"eagle-export validate {self.artifact}",
+                 f"  backend {self.backend}, artifact dtype {self.dtype}; reference: PyTorch float32 modules from",
+                 f"  target {self.target_source}",
+                 f"  draft  {self.draft_source}", ""]
+        for g in self.graphs.values():
+            lines.append(f"graph {g.name}: {ok[g.passed]} ({len(g.cases)} inputs: {'; '.join(g.cases)})")
+            lines.append(f"  {'output':<16} {'atol':>8} {'rtol':>8} {'worst abs':>10} {'worst rel':>10}  "
+                         f"{'':4}  worst input")
+            for o in g.outputs.values():
+                if o.tol == EXACT:
+                    tol, worst = f"{'exact':>17}", f"{int(o.max_abs):>10d} {'-':>10}"
+                else:
+                    tol, worst = f"{o.tol.atol:>8.0e} {o.tol.rtol:>8.0e}", f"{o.max_abs:>10.2e} {o.max_rel:>10.2e}"
+                lines.append(f"  {o.name:<16} {tol} {worst}  {ok[o.passed]:4}  {o.worst_case}"
+                             + (f" ({o.note})" if o.note else ""))
+            if g.divergence:
+                lines.append(f"  first divergent layer: {g.divergence['summary']}")
+            lines.append("")
+        for r, title in ((self.greedy, "greedy tokens vs transformers generate"),
+                         (self.eagle, f"EAGLE rounds vs PyTorch oracle (tree {self.tree})")):
+            if r.skipped:
+                lines.append(f"{title}: skipped (--prompts 0)")
+                continue
+            extra = f", {r.rounds} rounds, {r.accepted} draft tokens accepted" if r.what == "eagle" else ""
+            lines.append(f"{title}: {ok[r.passed]} ({r.prompts} prompts, {r.tokens} tokens{extra}, "
+                         f"{r.ties} ties below gap {self.tie_gap:.2g})")
+            lines += [f"  {f}" for f in r.failures[:5]]
+        lines.append("")
+        lines.append(f"RESULT: {ok[self.passed]} ({self.seconds:.1f} s)")
+        return "\n".join(lines)
+
+
+# ---- graph comparison ------------------------------------------------------------------------
+
+
+def _quiet():
+    from polygraphy.logger import G_LOGGER
+
+    return G_LOGGER.verbosity(G_LOGGER.CRITICAL + 1)
+
+
+def _compare(runners, feeds, dtype: str):
+    """Comparator.run + compare_accuracy: (run results, tolerances, per-iteration {output: OutputCompareResult})."""
+    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        with _quiet(), np.errstate(divide="ignore", invalid="ignore"):
+            results = Comparator.run(runners, data_loader=feeds)
+            tols = tolerances(results[TORCH_RUNNER], dtype)
+            func = CompareFunc.simple(atol={k: v.atol for k, v in tols.items()},
+                                      rtol={k: v.rtol for k, v in tols.items()}, check_error_stat="elemwise")
+            acc = Comparator.compare_accuracy(results, compare_func=func)
+    except PolygraphyException as e:
+        raise EagleExportError(f"validate: Polygraphy could not run the comparison: {e}") from None
+    return results, tols, acc[0][(runners[0].name, runners[1].name)]
+
+
+def _ids_tied(got: np.ndarray, want: np.ndarray, full_logprobs: np.ndarray, atol: float) -> bool:
+    """Top-k ids may differ only where the two tokens' log-probs (PyTorch's) are within atol: a tie, not a bug."""
+    for b, t, j in np.argwhere(got != want):
+        row = full_logprobs[b, t]
+        if abs(float(row[got[b, t, j]]) - float(row[want[b, t, j]])) > max(atol, 1e-6):
+            return False
+    return True
+
+
+def _ort_runner(path: Path, outputs: list[str] | None = None, tmp: Path | None = None):
+    from polygraphy.backend.onnx import ModifyOutputs, OnnxFromPath
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+
+    if outputs is None:
+        return OnnxrtRunner(SessionFromOnnx(str(path), providers=["cpu"]), name=ORT_RUNNER)
+    # Same graph with intermediate tensors marked as outputs. Only the structure is rewritten: the
+    # weights stay in the artifact's external data file, hard-linked next to the rewritten graph
+    # (ONNX Runtime refuses external data that resolves outside the model's directory, so not a
+    # symlink), or copied where a hard link is impossible (another file system).
+    import shutil
+
+    import onnx
+
+    with _quiet():
+        model = ModifyOutputs(OnnxFromPath(str(path), ignore_external_data=True), outputs=outputs)()
+    marked = tmp / path.name
+    onnx.save_model(model, str(marked))
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        try:
+            os.link(data, marked.with_name(data.name))
+        except OSError:
+            shutil.copy2(data, marked.with_name(data.name))
+    return OnnxrtRunner(SessionFromOnnx(str(marked), providers=["cpu"]), name=ORT_RUNNER)
+
+
+def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_layers, runner_cls,
+                embed=None, fc=None, full_logprobs=None) -> GraphReport:
+    """Compare one graph's every output on every case; on failure, locate the first divergent layer."""
+    import onnx
+
+    entry = m.graphs[name]
+    spec, path = entry.spec, directory / entry.file
+    torch_runner = runner_cls(module, spec, full_logprobs=full_logprobs)
+    results, tols, per_iter = _compare([_ort_runner(path), torch_runner], [f for _, f in cases], m.dtype)
+    report = GraphReport(name, [c for c, _ in cases], {o: OutputReport(o, tols[o]) for o in spec.output_names})
+    ort_res, torch_res = results[ORT_RUNNER], results[TORCH_RUNNER]
+    for it, ((case, _), outs) in enumerate(zip(cases, per_iter, strict=True)):
+        case_failed = False
+        for oname, res in outs.items():
+            o = report.outputs[oname]
+            passed = bool(res)
+            if not passed and oname == C.TOPK_IDS and _ids_tied(
+                    ort_res[it][oname], torch_res[it][oname], torch_runner.recorded[it], tols[C.TOPK_LOGPROBS].atol):
+                passed, o.note = True, "ids differ only at tied log-probs"
+            if res.max_absdiff > o.max_abs or not o.worst_case:
+                o.max_abs, o.max_rel, o.worst_case = res.max_absdiff, res.max_reldiff, case
+            o.passed &= passed
+            case_failed |= not passed
+        if case_failed:
+            report.failed_cases.append(case)
+    if report.failed_cases:
+        structure = onnx.load(str(path), load_external_data=False)
+        report.divergence = _locate(structure, path, spec, module, cases, report, probe_layers, runner_cls,
+                                    embed, fc, m.dtype)
+    return report
+
+
+def _locate(structure, path, spec, module, cases, report: GraphReport, layers, runner_cls, embed, fc, dtype):
+    """Re-run the first failing input with every layer's residual stream marked; name the first out of tolerance."""
+    case = report.failed_cases[0]
+    feed = next(f for c, f in cases if c == case)
+    try:
+        probes = find_probes(structure, layers, embed=embed, fc=fc)
+    except ValueError as e:
+        return {"case": case, "layer": None, "summary": f"could not map the graph's layers ({e})", "probes": []}
+    with tempfile.TemporaryDirectory(prefix="eagle-validate-") as tmp:
+        ort = _ort_runner(path, spec.output_names + [p.onnx_name for p in probes], Path(tmp))
+        _, tols, per_iter = _compare([ort, runner_cls(module, spec, probes=probes)], [feed], dtype)
+    res = per_iter[0]
+    rows = [{"layer": p.label, "tensor": p.onnx_name, "max_abs": res[p.onnx_name].max_absdiff,
+             "max_rel": res[p.onnx_name].max_reldiff, "atol": tols[p.onnx_name].atol,
+             "rtol": tols[p.onnx_name].rtol, "passed": bool(res[p.onnx_name])} for p in probes]
+    first = next((r for r in rows if not r["passed"]), None)
+    if first is None:
+        where = "none: every layer's residual stream is within tolerance, so the divergence is after the last " \
+                "decoder layer (final norm, lm_head" + (", log-softmax / top-k)" if fc is not None else ")")
+        return {"case": case, "layer": None, "summary": f"{where} [input: {case}]", "probes": rows}
+    before = rows[rows.index(first) - 1]["layer"] if rows.index(first) else None
+    part = first["layer"].rsplit(".", 1)[-1]
+    what = {"self_attn": "residual stream after attention", "mlp": "residual stream after the MLP",
+            "embed_tokens": "token embedding", "fc": "fc(concat[embed, features])"}.get(part, part)
+    layer = first["layer"].rsplit(".", 1)[0] if first["layer"].startswith("layers.") else first["layer"]
+    summary = (f"{layer} ({first['layer']}: {what}, max abs error {first['max_abs']:.3g} > atol {first['atol']:g}"
+               + (f"; {before} and everything before it within tolerance" if before else "")
+               + f") [input: {case}]")
+    return {"case": case, "layer": layer, "probe": first["layer"], "summary": summary, "probes": rows}
+
+
+# ---- end to end ------------------------------------------------------------------------------
+
+
+def _hf_greedy(lm, prompt: list[int], n: int) -> list[int]:
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=n)
+    saved = lm.generation_config.eos_token_id
+    lm.generation_config.eos_token_id = None  # else generate merges the model's own EOS back in and stops early
+    try:
+        with torch.no_grad():
+            out = lm.generate(torch.tensor([prompt]), generation_config=cfg,
+                              attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    finally:
+        lm.generation_config.eos_token_id = saved
+    return out[0, len(prompt):].tolist()
+
+
+def _top2_gap(lm, prefix: list[int]) -> float:
+    with torch.no_grad():
+        row = lm(torch.tensor([prefix])).logits[0, -1]
+    top = torch.topk(row, 2).values
+    return float(top[0] - top[1])
+
+
+def end_to_end(rt, oracle, lm, m: Manifest, prompts: list[list[int]], max_new: int, tie_gap: float):
+    from eagle_export.runtime.oracle import EagleRound, compare_with_oracle
+
+    greedy, eagle = TokenReport("greedy"), TokenReport("eagle")
+    tree = m.tree_defaults
+    for p in prompts:
+        room = m.max_seq_len - len(p)
+        want = _hf_greedy(lm, p, min(max_new, room))
+        rounds: list[EagleRound] = []
+        res = rt.generate(prompt_ids=p, max_new_tokens=max_new, tree=tree, stop_on_eos=False,
+                          on_round=lambda vt, acc, rounds=rounds: rounds.append(EagleRound.from_runtime(vt, acc)))
+        plain = rt.generate(prompt_ids=p, max_new_tokens=max_new, use_draft=False, stop_on_eos=False)
+        greedy.prompts += 1
+        for label, got in (("eagle", res.tokens), ("no-draft", plain.tokens)):
+            greedy.tokens += len(got)
+            diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            if diff is None and len(got) != len(want):
+                greedy.failures.append(f"{label}, prompt {p}: {len(got)} tokens, transformers {len(want)}")
+            elif diff is not None:
+                gap = _top2_gap(lm, p + want[:diff])
+                if gap < tie_gap:
+                    greedy.ties += 1
+                else:
+                    greedy.failures.append(f"{label}, prompt {p}: token {diff} is {got[diff]}, transformers "
+                                           f"{want[diff]} (top-2 gap {gap:.3g})")
+        orc = oracle.generate(p, max_new, tree, capacity=m.max_seq_len)
+        cmp = compare_with_oracle(res.tokens, rounds, orc, tie_gap)
+        eagle.prompts += 1
+        eagle.tokens += len(res.tokens)
+        eagle.rounds += cmp.rounds_compared
+        eagle.accepted += sum(r.accepted for r in rounds[: cmp.rounds_compared])
+        if cmp.status == "tie":
+            eagle.ties += 1
+        elif cmp.status == "mismatch":
+            eagle.failures.append(f"prompt {p}: {cmp.detail}")
+    return greedy, eagle
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+def _check_sources(m: Manifest, target, head, cfg) -> None:
+    """The checkpoints must be the ones the artifact was exported from (same dimensions)."""
+    c = target.config
+    heads = c.num_attention_heads
+    got = {"target.num_layers": c.num_hidden_layers, "target.hidden_size": c.hidden_size,
+           "target.num_heads": heads, "target.kv_heads": c.num_key_value_heads or heads,
+           "target.head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads,
+           "target.vocab_size": c.vocab_size,
+           "draft.hidden_size": cfg.hidden_size, "draft.kv_heads": cfg.num_key_value_heads or cfg.num_attention_heads,
+           "draft.head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+           "draft.fc_bias": head.fc.bias is not None}
+    bad = []
+    for key, value in got.items():
+        part, attr = key.split(".")
+        want = getattr(getattr(m, part), attr)
+        if want != value:
+            bad.append(f"{key} is {want} in the manifest but {value} in the checkpoint")
+    if bad:
+        raise ManifestError("the checkpoints are not the ones this artifact was exported from: " + "; ".join(bad))
+
+
+def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_new_tokens: int = 32,
+             target: str | Path | None = None, draft: str | Path | None = None, seed: int = 0,
+             threads: int | None = None, log=None) -> ValidationReport:
+    """Run every check; user errors raise EagleExportError, a failed check is ``report.passed == False``.
+
+    threads: intra-op threads for PyTorch and the runtime's ONNX Runtime sessions (None: their
+    defaults). Tiny models run fastest with 1: their forwards are too small to split.
+    """
+    if threads is not None and threads < 1:
+        raise EagleExportError(f"--threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log) -> ValidationReport:
+    from eagle_export.export.loaders import load_eagle1_head, load_target
+    from eagle_export.export.modules import DraftStep, TargetVerify
+    from eagle_export.runtime import EagleRuntime
+    from eagle_export.runtime.oracle import EagleOracle
+
+    t0 = time.perf_counter()
+    log = log or (lambda msg: None)
+    directory = Path(artifact)
+    if backend not in BACKENDS:
+        raise EagleExportError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if prompts < 0 or max_new_tokens < 1:
+        raise EagleExportError(f"--prompts must be >= 0 and --max-new-tokens >= 1, got {prompts}, {max_new_tokens}")
+    m = load_manifest(directory)
+    if backend == "tensorrt":
+        raise EagleExportError(
+            f"{directory}: validate --backend tensorrt is not implemented yet (engines from `eagle-export build` "
+            "need a CUDA GPU to run): validate the ONNX graphs with --backend ort")
+    if m.variant != "eagle1":
+        raise EagleExportError(
+            f"{directory}: validate checks EAGLE-1/2 artifacts so far; this one has a {m.variant} head (its graphs "
+            "are covered by the test suite's parity and lossless tests, not yet by validate)")
+    # Opening the runtime checks every graph file loads, before any long work.
+    rt = EagleRuntime.open(directory, backend="ort", threads=threads)
+    sources = {}
+    for part, override in (("target", target), ("draft", draft)):
+        src = Path(override) if override is not None else Path(getattr(m, part).source)
+        if not src.is_dir():
+            how = f"--{part} {src}" if override is not None else f"the manifest's {part}.source ({src})"
+            raise ManifestError(f"{how} is not a directory: validate needs the original {part} checkpoint "
+                                f"(pass --{part} PATH if it moved)")
+        sources[part] = src
+    log("loading the PyTorch reference")
+    tgt = load_target(sources["target"], dtype=torch.float32, progress=False)
+    head, _, dcfg = load_eagle1_head(sources["draft"], tgt)
+    _check_sources(m, tgt, head, dcfg)
+    runner_cls = _make_runner_class()
+    rng = np.random.default_rng(seed)
+    graphs = {}
+    log("comparing target_verify")
+    tv = TargetVerify(tgt.model).eval()
+    graphs[C.TARGET_GRAPH] = check_graph(directory, m, C.TARGET_GRAPH, tv, target_cases(m, rng), tv.layers,
+                                         runner_cls, embed=tv.embed_tokens)
+    log("comparing draft_step")
+    ds = DraftStep(head, m.tree_limits.max_top_k).eval()
+    graphs[C.DRAFT_GRAPH] = check_graph(
+        directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng), head.layers, runner_cls, embed=head.embed_tokens,
+        fc=head.fc, full_logprobs=lambda hidden: torch.log_softmax(head.logits(hidden.float()), dim=-1))
+    # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
+    deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
+    tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
+    if prompts:
+        log(f"generating {prompts} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
+        vocab = m.target.vocab_size
+        plist = [rng.integers(0, vocab, int(rng.integers(1, max(2, min(24, m.max_seq_len - 1) + 1)))).tolist()
+                 for _ in range(prompts)]
+        greedy, eagle = end_to_end(rt, EagleOracle(tgt.model, head), tgt.model, m, plist, max_new_tokens, tie_gap)
+    else:
+        greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
+    return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
+                            m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap,
+                            seconds=time.perf_counter() - t0)
+
+
+def worst_errors(report: ValidationReport) -> dict[str, float]:
+    """{graph.output: worst absolute error}: a compact summary for logs and tests."""
+    return {f"{g}.{o}": r.max_abs for g, gr in report.graphs.items() for o, r in gr.outputs.items()
+            if not math.isnan(r.max_abs)}
