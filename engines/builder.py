@@ -12,6 +12,7 @@ profiles of ``profiles.py``, serialize it next to the graph, and record what was
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import re
@@ -186,7 +187,25 @@ def build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profi
     """Parse ``onnx_path`` into a strongly typed network, add ``profiles`` and build a serialized engine.
 
     timing_cache: an ITimingCache made by the caller's config (tensorrt only), shared across graphs.
+
+    Python's garbage collector is paused while TensorRT runs: TensorRT calls our logger (Python) while
+    it holds its own lock, and a collection there that frees an earlier builder (e.g. one kept alive by
+    an old traceback) takes that lock again and deadlocks (seen with TensorRT-RTX 1.7). Leftovers are
+    collected before, outside any TensorRT call.
     """
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_graph(lib, onnx_path, graph, spec, profiles, workspace=workspace, timing_cache=timing_cache,
+                            bar=bar)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, profiles: list[Profile], *,
+                 workspace: int | None, timing_cache, bar) -> BuiltEngine:
     trt = lib.module
     logger = make_logger(lib)
     where = f"graph {graph} ({onnx_path.name}, {_lib_label(lib)})"

@@ -354,6 +354,22 @@ def draft_weight_shapes(config: dict[str, Any], *, fc_bias: bool, own_embedding:
     return shapes
 
 
+def _finish_draft_config(cfg: dict[str, Any], tcfg: dict, init_scale: float, config_overrides: dict) -> None:
+    """Fields every tiny head's config.json shares: head dims, the target's rope in both spellings, no biases."""
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    rp = _rope_parameters(tcfg)
+    cfg["rope_theta"] = float(rp.get("rope_theta", 10000.0))
+    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    cfg["rope_parameters"] = rp
+    cfg.update({"attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "pretraining_tp": 1,
+                "torch_dtype": "float32", "initializer_range": init_scale})
+    cfg.update(copy.deepcopy(config_overrides))
+    if "rope_theta" in config_overrides:
+        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
+
+
 def make_tiny_draft(
     out_dir: str | Path,
     target_dir: str | Path,
@@ -392,26 +408,7 @@ def make_tiny_draft(
     for k in _DRAFT_FROM_TARGET:
         if tcfg.get(k) is not None:
             cfg[k] = tcfg[k]
-    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    rp = _rope_parameters(tcfg)
-    cfg["rope_theta"] = float(rp.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
-    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
-    cfg["rope_parameters"] = rp
-    cfg.update(
-        {
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "pretraining_tp": 1,
-            "torch_dtype": "float32",
-            "initializer_range": init_scale,
-        }
-    )
-    cfg.update(copy.deepcopy(config_overrides))
-    if "rope_theta" in config_overrides:
-        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
+    _finish_draft_config(cfg, tcfg, init_scale, config_overrides)
     cfg["bias"] = bool(fc_bias)
 
     shapes = draft_weight_shapes(cfg, fc_bias=fc_bias, own_embedding=bool(own_embedding))
@@ -529,27 +526,8 @@ def make_tiny_eagle3_draft(
         cfg["target_hidden_size"] = TH
         cfg["head_dim"] = int(hidden_size) // int(cfg["num_attention_heads"])
         cfg["intermediate_size"] = 2 * int(hidden_size)
-    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    rp = _rope_parameters(tcfg)
-    cfg["rope_theta"] = float(rp.get("rope_theta", 10000.0))
-    scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
-    cfg["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
-    cfg["rope_parameters"] = rp
-    cfg.update(
-        {
-            "draft_vocab_size": Vd,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": False,
-            "pretraining_tp": 1,
-            "torch_dtype": "float32",
-            "initializer_range": init_scale,
-        }
-    )
-    cfg.update(copy.deepcopy(config_overrides))
-    if "rope_theta" in config_overrides:
-        cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
+    cfg["draft_vocab_size"] = Vd
+    _finish_draft_config(cfg, tcfg, init_scale, config_overrides)
 
     shapes = eagle3_weight_shapes(cfg, own_embedding=bool(own_embedding), num_feature_layers=num_feature_layers)
     gen = torch.Generator().manual_seed(seed)
