@@ -1,5 +1,7 @@
 """A plain PyTorch oracle of the greedy EAGLE-2 loop: slow, cache-free, meant to be obviously correct.
 
+It drives an EAGLE-1/2 head or an EAGLE-3 head (the dynamic tree is EAGLE-2's either way).
+
 It shares nothing with the runtime's loop on purpose, so it can catch the runtime's bugs:
 
 - no KV cache, no tree attention mask, no exported graph: every forward runs over a whole
@@ -7,20 +9,24 @@ It shares nothing with the runtime's loop on purpose, so it can catch the runtim
 - the target is the Hugging Face model itself (``model.model(...)`` then ``lm_head``), not the
   traced ``TargetVerify``;
 - the head's decoder layer runs through Hugging Face's own ``LlamaDecoderLayer.forward`` (eager
-  attention), not the traced ``tree_attention``;
+  attention), not the traced ``tree_attention``; the EAGLE-3 head's layer is written out here
+  from its definition, with Hugging Face's eager ``LlamaAttention`` (not ``Eagle3Head``);
+- EAGLE-3 features come from transformers' ``output_hidden_states`` (the input of decoder layer
+  ``i`` is ``hidden_states[i]``), and draft ids map to target ids with the checkpoint's ``d2t``;
 - the tree policy and greedy acceptance are restated here in plain Python, not ``TreeGrower`` or
   ``accept_greedy``.
 
 What it computes, per round (names as in docs/runtime.md):
 
 1. Target forward on the committed sequence (prompt + generated, root last). Its last hidden
-   state after the final norm gives the features ``f_j``; its last row gives the target's choice
-   after the root.
+   state after the final norm gives the features ``f_j`` (EAGLE-3: the inputs of the feature layers,
+   concatenated); its last row gives the target's choice after the root.
 2. Draft context: the head over the pairs ``(f_j, x_{j+1})`` for ``j < L`` (``x_L`` is the root),
    at positions ``0 .. L-1``. The last row's hidden predicts the root's children.
 3. Tree, brute force: every node the policy feeds to the draft is run as its own sequence, the
    context pairs followed by the root-to-node path, each path pair carrying its parent's hidden
-   (the root's children carry the last context row's hidden) at positions ``L .. L+d-1``. The
+   (the root's children carry the last context row's hidden) at positions ``L .. L+d-1``
+   (EAGLE-1/2 puts those hiddens through fc like features; EAGLE-3 feeds them without fc). The
    node's hidden is the last row of that forward. Children: its top-k log-probs, scored by the
    cumulative path log-prob. The best ``top_k`` children of a level form the next frontier; the
    ``total_tokens`` best nodes of all levels form the verify tree, in generation order. Ties are
@@ -95,30 +101,58 @@ class _Node:
 
 
 class EagleOracle:
-    """Greedy EAGLE-2 over an eager target (a transformers causal LM) and an ``Eagle1Head``, fp32."""
+    """Greedy EAGLE-2 over an eager target (a transformers causal LM) and an EAGLE head, fp32.
 
-    def __init__(self, causal_lm: torch.nn.Module, head: torch.nn.Module):
+    head: an ``Eagle1Head`` or an ``Eagle3Head`` (only its weights are used: the forward is written
+    here). EAGLE-3: ``feature_layers`` are the target layers whose inputs make the features, and
+    ``d2t`` the checkpoint's offsets (target id = draft id + d2t[draft id]; None: identity).
+    """
+
+    def __init__(self, causal_lm: torch.nn.Module, head: torch.nn.Module, feature_layers: list[int] | None = None,
+                 d2t: torch.Tensor | None = None):
         self.lm = causal_lm.eval()
         self.head = head.eval()
+        self.variant = getattr(head, "variant", "eagle1")
+        if self.variant == "eagle3" and not feature_layers:
+            raise ValueError("an EAGLE-3 head needs the target's feature_layers")
+        self.feature_layers = list(feature_layers) if self.variant == "eagle3" else None
+        self.draft_vocab = self.head.lm_head.out_features if self.variant == "eagle3" else causal_lm.config.vocab_size
+        self.to_target = None if d2t is None else torch.arange(len(d2t)) + d2t.to(torch.long)
 
     @classmethod
-    def load(cls, target_dir: str | Path, draft_dir: str | Path) -> EagleOracle:
-        from eagle_export.export.loaders import load_eagle1_head, load_target
+    def load(cls, target_dir: str | Path, draft_dir: str | Path,
+             feature_layers: list[int] | None = None) -> EagleOracle:
+        from eagle_export.export.loaders import load_draft_head, load_target
 
         target = load_target(target_dir, dtype=torch.float32, progress=False)
-        head, _, _ = load_eagle1_head(draft_dir, target)
-        return cls(target.model, head)
+        d = load_draft_head(draft_dir, target, feature_layers)
+        return cls(target.model, d.head, d.feature_layers, d.ckpt.weights.get("d2t"))
 
     # ---- the two models, over whole sequences ----------------------------------------------
     @torch.no_grad()
     def target(self, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features [n, H] (last hidden state after the final norm) and float32 logits [n, V]."""
-        h = self.lm.model(input_ids=torch.tensor([seq]), use_cache=False).last_hidden_state[0]
-        return h, self.lm.lm_head(h).float()
+        """Features [n, F] and float32 logits [n, V].
+
+        EAGLE-1/2: the last hidden state after the final norm. EAGLE-3: the inputs of the decoder
+        layers ``feature_layers`` (``hidden_states[i]`` of ``output_hidden_states``), concatenated.
+        """
+        out = self.lm.model(input_ids=torch.tensor([seq]), use_cache=False,
+                            output_hidden_states=self.variant == "eagle3")
+        h = out.last_hidden_state[0]
+        feats = h if self.variant == "eagle1" else torch.cat([out.hidden_states[i][0] for i in self.feature_layers], -1)
+        return feats, self.lm.lm_head(h).float()
 
     @torch.no_grad()
-    def head_hidden(self, feats: torch.Tensor, tokens: list[int]) -> torch.Tensor:
-        """The head over pairs (feats[i], tokens[i]) at positions 0..n-1 with a causal mask: hidden [n, H]."""
+    def head_hidden(self, feats: torch.Tensor, tokens: list[int], fed: torch.Tensor | None = None) -> torch.Tensor:
+        """The head over rows (feats[i], tokens[i]) then (fed[j], tokens[...]) at positions 0..n-1, causal: [n, H].
+
+        ``fed``: the head's own outputs fed back (tree nodes). EAGLE-1/2 treats them as features
+        (through fc); EAGLE-3 feeds them without fc.
+        """
+        if self.variant == "eagle3":
+            return self._eagle3_hidden(feats, tokens, fed)
+        if fed is not None:
+            feats = torch.cat((feats, fed))
         n = len(tokens)
         emb = self.head.embed_tokens(torch.tensor([tokens])).to(feats.dtype)
         x = self.head.fc(torch.cat((emb, feats[None]), dim=-1))
@@ -127,9 +161,32 @@ class EagleOracle:
         h = self.head.layers[0](x, attention_mask=mask, position_embeddings=self.head.rotary_emb(x, pos))
         return h[0]
 
+    def _eagle3_hidden(self, feats: torch.Tensor, tokens: list[int], fed: torch.Tensor | None) -> torch.Tensor:
+        """EAGLE-3, as the primer states it: h = fc(features) for context rows, the fed-back g as is;
+        q/k/v over concat[input_layernorm(embed), hidden_norm(h)], residual h, then the MLP block.
+        Attention is transformers' own (eager ``LlamaAttention``) with an ordinary causal mask."""
+        layer = self.head.midlayer
+        h = self.head.fc(feats)
+        if fed is not None:
+            h = torch.cat((h, fed))
+        n = len(tokens)
+        emb = self.head.embed_tokens(torch.tensor(tokens)).to(h.dtype)
+        x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), dim=-1)[None]
+        mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
+        pos_emb = self.head.rotary_emb(h[None], torch.arange(n)[None])
+        a = layer.self_attn(hidden_states=x, position_embeddings=pos_emb, attention_mask=mask)[0][0]
+        g = h + a
+        return g + layer.mlp(layer.post_attention_layernorm(g))
+
     @torch.no_grad()
     def head_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probs over the draft vocabulary (EAGLE-3: lm_head(norm(g)); EAGLE-1/2: the target's lm_head)."""
+        if self.variant == "eagle3":
+            return torch.log_softmax(self.head.lm_head(self.head.norm(hidden)).float(), dim=-1)
         return torch.log_softmax(self.head.lm_head(hidden).float(), dim=-1)
+
+    def target_id(self, draft_id: int) -> int:
+        return draft_id if self.to_target is None else int(self.to_target[draft_id])
 
     # ---- the loop ----------------------------------------------------------------------------
     def generate(self, prompt: list[int], max_new_tokens: int, tree: TreeParams,
@@ -164,8 +221,8 @@ class EagleOracle:
 
         def children(hidden: torch.Tensor, parent: int, base_score: float) -> list[_Node]:
             nonlocal draft_margin
-            vals, ids = torch.topk(self.head_logprobs(hidden), min(k + 1, self.lm.config.vocab_size))
-            vals, ids = vals.tolist(), ids.tolist()
+            vals, ids = torch.topk(self.head_logprobs(hidden), min(k + 1, self.draft_vocab))
+            vals, ids = vals.tolist(), [self.target_id(i) for i in ids.tolist()]
             draft_margin = min(draft_margin, _gaps(vals, k))
             return [_Node(ids[j], parent, base_score + vals[j]) for j in range(k)]
 
@@ -183,8 +240,8 @@ class EagleOracle:
             for c in frontier:
                 p = path(c)
                 parent_hidden = [root_hidden] + [nodes[a].hidden for a in p[:-1]]
-                h = self.head_hidden(torch.cat((ctx_feats, torch.stack(parent_hidden))),
-                                     ctx_tokens + [nodes[a].token for a in p])[-1]
+                h = self.head_hidden(ctx_feats, ctx_tokens + [nodes[a].token for a in p],
+                                     torch.stack(parent_hidden))[-1]
                 nodes[c].hidden = h
                 new += children(h, c, nodes[c].score)
             base = len(nodes)

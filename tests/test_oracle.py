@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from model_table import EAGLE3_MODELS
 from reference import Comparison, GreedyReference
 
 from eagle_export.runtime import EagleRuntime
@@ -96,6 +97,30 @@ def test_rounds_with_acceptance(pairs):
                 accepted += sum(r.accepted for r in rounds)
     print(f"\n{accepted} draft tokens accepted")
     assert accepted >= 8, f"only {accepted} draft tokens accepted: the comparison barely exercised commits"
+
+
+@pytest.mark.parametrize("name", ["llama-d2t", "qwen3-d2t-ownembed"])
+def test_eagle3_runtime_equals_oracle_round_by_round(models, one_thread, name):
+    """EAGLE-3 heads (multi-layer features, fc only on target features, draft vocabulary mapped with d2t)."""
+    preset, kw = EAGLE3_MODELS[name]
+    target, draft, art = models(preset, **kw)
+    rt = EagleRuntime.open(art, threads=1)
+    oracle = EagleOracle.load(target, draft)
+    assert oracle.variant == "eagle3" and oracle.feature_layers == rt.manifest.target.feature_layers
+    capacity, vocab = rt.manifest.max_seq_len, rt.manifest.target.vocab_size
+    rng = np.random.default_rng(7)
+    rounds_seen = 0
+    for tree in (TreeParams(4, 3, 12), TreeParams(1, 3, 3), TreeParams(3, 2, 10)):
+        for _ in range(2):
+            prompt = rng.integers(3, vocab, int(rng.integers(2, 20))).tolist()
+            res, rounds = traced(rt, prompt, 16, tree)
+            want = oracle.generate(prompt, 16, tree, capacity)
+            cmp = compare_with_oracle(res.tokens, rounds, want, TIE_GAP)
+            assert cmp.status in ("match", "tie"), f"{name} {tree}: {cmp.detail}"
+            if cmp.status == "match":
+                assert res.tokens == want.tokens
+            rounds_seen += cmp.rounds_compared
+    assert rounds_seen >= 12
 
 
 def test_oracle_is_lossless(models, pairs):

@@ -106,6 +106,26 @@ def test_cli_json_report_states_tolerances_and_worst_errors(tiny):
     assert out["tie_gap"] == 1e-4
 
 
+@pytest.mark.parametrize("name", list(EAGLE3_MODELS))
+def test_validate_passes_eagle3(models, name):
+    """EAGLE-3 heads: multi-layer target features, own draft vocabulary (d2t), narrower heads, own embeddings."""
+    preset, kw = EAGLE3_MODELS[name]
+    _, _, art = models(preset, **kw)
+    report = validate(art, prompts=1, max_new_tokens=8, threads=1)
+    assert report.passed, report.format()
+    m = load_manifest(art)
+    assert m.variant == "eagle3"
+    for gname, graph in report.graphs.items():
+        assert set(graph.outputs) == set(m.graphs[gname].spec.output_names)
+        assert not graph.failed_cases and graph.divergence is None
+        for out in graph.outputs.values():
+            if out.name != C.TOPK_IDS:
+                assert 0 <= out.max_abs <= out.tol.atol
+    assert C.FEATURES in report.graphs[C.TARGET_GRAPH].outputs  # the concatenated feature-layer inputs
+    assert report.greedy.tokens > 0 and report.eagle.prompts == 1 and report.eagle.rounds >= 1
+    print(f"\n{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in worst_errors(report).items()))
+
+
 # ---- a deliberately perturbed weight -----------------------------------------------------------
 
 
@@ -184,10 +204,12 @@ def test_tensorrt_backend_is_refused_clearly(copy):
     fail("validate", copy, "--backend", "tensorrt", expect=("--backend tensorrt", "not implemented", "--backend ort"))
 
 
-def test_eagle3_artifact_is_refused_clearly(models):
-    preset, kw = EAGLE3_MODELS["qwen2-identity"]
+def test_eagle1_checkpoint_for_an_eagle3_artifact(models):
+    _, eagle1_draft, _ = models("gqa")
+    preset, kw = EAGLE3_MODELS["llama-d2t"]
     _, _, art = models(preset, **kw)
-    fail("validate", art, expect=("EAGLE-1/2", "eagle3"))
+    fail("validate", art, "--draft", eagle1_draft, "--prompts", 0,
+         expect=("not the ones this artifact was exported from", "eagle3 head", "EAGLE-1/2 head"))
 
 
 def test_corrupt_graph(copy):
@@ -200,3 +222,22 @@ def test_not_an_artifact(tmp_path):
     fail("validate", tmp_path / "nope", expect=("not a directory",))
     r = cli("validate", tmp_path, "--prompts", -1)
     assert r.exit_code == 2 and "--prompts" in r.output and "Traceback" not in r.output
+
+
+def test_perturbed_eagle3_draft_weight_names_the_layer(models, tmp_path):
+    preset, kw = EAGLE3_MODELS["llama-d2t"]
+    _, draft, art = models(preset, **kw)
+    w = load_file(str(draft / "model.safetensors"))["midlayer.mlp.up_proj.weight"].numpy().T
+    bad = perturb(art, tmp_path / "bad", C.DRAFT_GRAPH, w)
+    r = cli("validate", bad, "--prompts", 1, "--max-new-tokens", 8, "--threads", 1, "--json")
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.stdout)
+    assert out["passed"] is False and out["graphs"]["target_verify"]["passed"] is True
+    div = out["graphs"]["draft_step"]["first_divergence"]
+    assert div["layer"] == "midlayer" and div["probe"] == "midlayer.mlp", div
+    assert "residual stream after the MLP" in div["summary"]
+    assert "midlayer.self_attn and everything before it within tolerance" in div["summary"]
+    passed = {p["layer"]: p["passed"] for p in div["probes"]}
+    assert passed == {"embed_tokens": True, "fc": True, "midlayer.input_layernorm": True,
+                      "midlayer.hidden_norm": True, "midlayer.self_attn": True, "midlayer.mlp": False,
+                      "norm": False}

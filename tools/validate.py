@@ -16,6 +16,10 @@ Three checks, each against the original checkpoints named in the manifest (``tar
 3. **EAGLE rounds** versus the PyTorch oracle (``runtime/oracle.py``): same tree, same accepted
    lengths, same tokens, round by round.
 
+EAGLE-1/2 and EAGLE-3 artifacts alike: for EAGLE-3 the target's features are the inputs of the
+manifest's ``target.feature_layers``, the draft's probes are the head's own parts (fc, norms,
+``midlayer`` attention and MLP), and the oracle runs the EAGLE-3 head.
+
 See docs/validate.md for tolerances and how layers are located.
 """
 
@@ -318,12 +322,32 @@ def _residual_after(model, tensor: str) -> str:
             return tensor  # the residual add (its other input is computed, not a weight)
 
 
-def find_probes(model, layers, embed=None, fc=None) -> list[Probe]:
+def _scope_output(model, scope: str) -> str | None:
+    """The one tensor that leaves the nodes scoped ``/<scope>/`` (e.g. an RMSNorm's output), or None."""
+    inside = [n for n in model.graph.node if n.name.startswith(f"/{scope}/")]
+    names = {n.name for n in inside}
+    made = {o for n in inside for o in n.output}
+    # RMSNorm casts its input to float32 first; in a float32 graph that Cast's output stands in for the
+    # input itself (the residual, or a graph output) outside the scope: it is not what the norm computes.
+    passthrough = {n.output[0] for n in inside if n.op_type == "Cast" and n.input[0] not in made}
+    graph_outputs = {o.name for o in model.graph.output}
+    leaving = {o for n in inside for o in n.output if o not in passthrough and (
+        o in graph_outputs or any(o in u.input for u in model.graph.node if u.name not in names))}
+    return leaving.pop() if len(leaving) == 1 else None
+
+
+def find_probes(model, layers, embed=None, fc=None, head3=None) -> list[Probe]:
     """Probes in execution order: embedding (and fc), then per layer the residual after attention and after the MLP.
 
     model: the ONNX ModelProto (structure only); layers: the PyTorch decoder layers in order.
+    head3: an EAGLE-3 head (``layers`` is then ignored): embedding, fc(features), the midlayer's
+    input_layernorm(embedding) and hidden_norm(h), its residual stream after attention and after
+    the MLP (``midlayer.self_attn`` / ``midlayer.mlp``), then the final norm before the draft lm_head.
     Raises ValueError when the graph's layers cannot be mapped one-to-one.
     """
+    prefix = "layers"
+    if head3 is not None:
+        layers, prefix = [head3.midlayer], "midlayer"
     probes = []
     if embed is not None:
         gathers = [n for n in model.graph.node if n.op_type == "Gather" and C.INPUT_IDS in n.input]
@@ -339,16 +363,23 @@ def find_probes(model, layers, embed=None, fc=None) -> list[Probe]:
             if len(users) == 1 and users[0].op_type == "Add" and any(x in inits for x in users[0].input):
                 out = users[0].output[0]  # fc bias
             probes.append(Probe("fc", out, ("output", fc)))
+    if head3 is not None:
+        for part in ("input_layernorm", "hidden_norm"):
+            if (out := _scope_output(model, part)) is not None:
+                probes.append(Probe(f"midlayer.{part}", out, ("output", getattr(head3.midlayer, part))))
     attn, mlp = _layer_matmuls(model, "o_proj"), _layer_matmuls(model, "down_proj")
     n = len(layers)
     if sorted(attn) != list(range(n)) or sorted(mlp) != list(range(n)):
         raise ValueError(f"found o_proj for layers {sorted(attn)} and down_proj for layers {sorted(mlp)}, "
                          f"expected 0..{n - 1}")
     for i, layer in enumerate(layers):
-        probes.append(Probe(f"layers.{i}.self_attn", _residual_after(model, attn[i].output[0]),
+        name = f"layers.{i}" if head3 is None else prefix
+        probes.append(Probe(f"{name}.self_attn", _residual_after(model, attn[i].output[0]),
                             ("input", layer.post_attention_layernorm)))
-        probes.append(Probe(f"layers.{i}.mlp", _residual_after(model, mlp[i].output[0]),
+        probes.append(Probe(f"{name}.mlp", _residual_after(model, mlp[i].output[0]),
                             ("sum", layer.post_attention_layernorm, layer.mlp)))
+    if head3 is not None and (out := _scope_output(model, "norm")) is not None:
+        probes.append(Probe("norm", out, ("output", head3.norm)))
     return probes
 
 
@@ -538,7 +569,7 @@ def _ort_runner(path: Path, outputs: list[str] | None = None, tmp: Path | None =
 
 
 def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_layers, runner_cls,
-                embed=None, fc=None, full_logprobs=None) -> GraphReport:
+                embed=None, fc=None, full_logprobs=None, head3=None) -> GraphReport:
     """Compare one graph's every output on every case; on failure, locate the first divergent layer."""
     import onnx
 
@@ -565,16 +596,17 @@ def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_la
     if report.failed_cases:
         structure = onnx.load(str(path), load_external_data=False)
         report.divergence = _locate(structure, path, spec, module, cases, report, probe_layers, runner_cls,
-                                    embed, fc, m.dtype)
+                                    embed, fc, m.dtype, head3)
     return report
 
 
-def _locate(structure, path, spec, module, cases, report: GraphReport, layers, runner_cls, embed, fc, dtype):
+def _locate(structure, path, spec, module, cases, report: GraphReport, layers, runner_cls, embed, fc, dtype,
+            head3=None):
     """Re-run the first failing input with every layer's residual stream marked; name the first out of tolerance."""
     case = report.failed_cases[0]
     feed = next(f for c, f in cases if c == case)
     try:
-        probes = find_probes(structure, layers, embed=embed, fc=fc)
+        probes = find_probes(structure, layers, embed=embed, fc=fc, head3=head3)
     except ValueError as e:
         return {"case": case, "layer": None, "summary": f"could not map the graph's layers ({e})", "probes": []}
     with tempfile.TemporaryDirectory(prefix="eagle-validate-") as tmp:
@@ -586,14 +618,19 @@ def _locate(structure, path, spec, module, cases, report: GraphReport, layers, r
              "rtol": tols[p.onnx_name].rtol, "passed": bool(res[p.onnx_name])} for p in probes]
     first = next((r for r in rows if not r["passed"]), None)
     if first is None:
+        tail = "lm_head" if head3 is not None else "final norm, lm_head"
         where = "none: every layer's residual stream is within tolerance, so the divergence is after the last " \
-                "decoder layer (final norm, lm_head" + (", log-softmax / top-k)" if fc is not None else ")")
+                f"decoder layer ({tail}" + (", log-softmax / top-k)" if fc is not None else ")")
         return {"case": case, "layer": None, "summary": f"{where} [input: {case}]", "probes": rows}
     before = rows[rows.index(first) - 1]["layer"] if rows.index(first) else None
     part = first["layer"].rsplit(".", 1)[-1]
     what = {"self_attn": "residual stream after attention", "mlp": "residual stream after the MLP",
-            "embed_tokens": "token embedding", "fc": "fc(concat[embed, features])"}.get(part, part)
-    layer = first["layer"].rsplit(".", 1)[0] if first["layer"].startswith("layers.") else first["layer"]
+            "embed_tokens": "token embedding",
+            "fc": "fc(features)" if head3 is not None else "fc(concat[embed, features])",
+            "input_layernorm": "input_layernorm(embedding)", "hidden_norm": "hidden_norm(h)",
+            "norm": "final norm before the draft lm_head"}.get(part, part)
+    layer = (first["layer"].rsplit(".", 1)[0] if first["layer"].startswith(("layers.", "midlayer."))
+             else first["layer"])
     summary = (f"{layer} ({first['layer']}: {what}, max abs error {first['max_abs']:.3g} > atol {first['atol']:g}"
                + (f"; {before} and everything before it within tolerance" if before else "")
                + f") [input: {case}]")
@@ -666,8 +703,12 @@ def end_to_end(rt, oracle, lm, m: Manifest, prompts: list[list[int]], max_new: i
 # ---- the command -----------------------------------------------------------------------------
 
 
-def _check_sources(m: Manifest, target, head, cfg) -> None:
-    """The checkpoints must be the ones the artifact was exported from (same dimensions)."""
+def _check_sources(m: Manifest, target, draft) -> None:
+    """The checkpoints must be the ones the artifact was exported from (same dimensions, same kind of head)."""
+    if draft.variant != m.variant:
+        raise ManifestError(f"the checkpoints are not the ones this artifact was exported from: the artifact has an "
+                            f"{m.variant} head but the draft checkpoint is an {draft.variant} head")
+    head, cfg = draft.head, draft.config
     c = target.config
     heads = c.num_attention_heads
     got = {"target.num_layers": c.num_hidden_layers, "target.hidden_size": c.hidden_size,
@@ -676,7 +717,8 @@ def _check_sources(m: Manifest, target, head, cfg) -> None:
            "target.vocab_size": c.vocab_size,
            "draft.hidden_size": cfg.hidden_size, "draft.kv_heads": cfg.num_key_value_heads or cfg.num_attention_heads,
            "draft.head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-           "draft.fc_bias": head.fc.bias is not None}
+           "draft.fc_bias": head.fc.bias is not None,
+           "draft.feature_dim": draft.feature_dim, "draft.vocab_size": draft.vocab_size}
     bad = []
     for key, value in got.items():
         part, attr = key.split(".")
@@ -707,7 +749,8 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
 
 
 def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log) -> ValidationReport:
-    from eagle_export.export.loaders import load_eagle1_head, load_target
+    from eagle_export.errors import CheckpointError
+    from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
     from eagle_export.export.modules import DraftStep, TargetVerify
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.oracle import EagleOracle
@@ -724,10 +767,6 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         raise EagleExportError(
             f"{directory}: validate --backend tensorrt is not implemented yet (engines from `eagle-export build` "
             "need a CUDA GPU to run): validate the ONNX graphs with --backend ort")
-    if m.variant != "eagle1":
-        raise EagleExportError(
-            f"{directory}: validate checks EAGLE-1/2 artifacts so far; this one has a {m.variant} head (its graphs "
-            "are covered by the test suite's parity and lossless tests, not yet by validate)")
     # Opening the runtime checks every graph file loads, before any long work.
     rt = EagleRuntime.open(directory, backend="ort", threads=threads)
     sources = {}
@@ -740,20 +779,30 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         sources[part] = src
     log("loading the PyTorch reference")
     tgt = load_target(sources["target"], dtype=torch.float32, progress=False)
-    head, _, dcfg = load_eagle1_head(sources["draft"], tgt)
-    _check_sources(m, tgt, head, dcfg)
+    eagle3 = m.variant == "eagle3"
+    try:
+        d = load_draft_head(sources["draft"], tgt, m.target.feature_layers if eagle3 else None)
+    except CheckpointError:
+        # An EAGLE-1/2 checkpoint given for an EAGLE-3 artifact fails on feature_layers: say what is wrong.
+        if eagle3 and detect_variant(read_draft_checkpoint(sources["draft"])) != "eagle3":
+            raise ManifestError(f"the checkpoints are not the ones this artifact was exported from: the artifact has "
+                                f"an eagle3 head but {sources['draft']} is an EAGLE-1/2 head") from None
+        raise
+    _check_sources(m, tgt, d)
+    head = d.head
     runner_cls = _make_runner_class()
     rng = np.random.default_rng(seed)
     graphs = {}
     log("comparing target_verify")
-    tv = TargetVerify(tgt.model).eval()
+    tv = TargetVerify(tgt.model, d.feature_layers).eval()
     graphs[C.TARGET_GRAPH] = check_graph(directory, m, C.TARGET_GRAPH, tv, target_cases(m, rng), tv.layers,
                                          runner_cls, embed=tv.embed_tokens)
     log("comparing draft_step")
     ds = DraftStep(head, m.tree_limits.max_top_k).eval()
     graphs[C.DRAFT_GRAPH] = check_graph(
-        directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng), head.layers, runner_cls, embed=head.embed_tokens,
-        fc=head.fc, full_logprobs=lambda hidden: torch.log_softmax(head.logits(hidden.float()), dim=-1))
+        directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng), None if eagle3 else head.layers, runner_cls,
+        embed=head.embed_tokens, fc=head.fc, full_logprobs=lambda hidden: _target_logprobs(head, hidden, m),
+        head3=head if eagle3 else None)
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
     tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
@@ -762,12 +811,24 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         vocab = m.target.vocab_size
         plist = [rng.integers(0, vocab, int(rng.integers(1, max(2, min(24, m.max_seq_len - 1) + 1)))).tolist()
                  for _ in range(prompts)]
-        greedy, eagle = end_to_end(rt, EagleOracle(tgt.model, head), tgt.model, m, plist, max_new_tokens, tie_gap)
+        oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
+        greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap)
     else:
         greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
     return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
                             m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap,
                             seconds=time.perf_counter() - t0)
+
+
+def _target_logprobs(head, hidden: torch.Tensor, m: Manifest) -> torch.Tensor:
+    """The draft's full log-probs indexed by target id (as ``topk_ids`` are): -inf outside the draft vocabulary."""
+    logp = torch.log_softmax(head.logits(hidden.float()), dim=-1)
+    to_target = getattr(head, "draft_to_target", None)
+    if to_target is None:
+        return logp
+    out = torch.full((*logp.shape[:-1], m.target.vocab_size), -math.inf)
+    out[..., to_target] = logp
+    return out
 
 
 def worst_errors(report: ValidationReport) -> dict[str, float]:
