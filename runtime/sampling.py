@@ -90,7 +90,17 @@ def process_logits(logits, params: SamplingParams) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] < 1:
         raise ValueError(f"expected logits of shape [rows, V], got {np.shape(logits)}")
     v = x.shape[1]
+    if not np.isfinite(x).all():
+        raise GenerationError(
+            "the target produced non-finite logits (NaN or inf; an fp16 overflow?): cannot sample from them; "
+            "try an fp32 export"
+        )
     x /= params.temperature
+    if not np.isfinite(x).all():
+        raise GenerationError(
+            f"temperature {params.temperature!r} is so small that logits / temperature overflows: use a larger "
+            "temperature, or 0 for greedy decoding"
+        )
     if 0 < params.top_k < v:
         kth = np.partition(x, v - params.top_k, axis=1)[:, v - params.top_k, None]
         x[x < kth] = -np.inf

@@ -251,9 +251,14 @@ def check_engines(directory: Path, manifest: Manifest) -> None:
         entry = manifest.engines.graphs.get(name)
         if entry is None:
             raise EngineError(f"{directory}: no engine for graph {name}: run `eagle-export build {directory}`")
-        if not (directory / entry.file).is_file():
+        path = directory / entry.file
+        if not path.is_file():
             raise EngineError(f"{directory}: engine file {entry.file} of graph {name} is missing: "
                               f"run `eagle-export build {directory}`")
+        size = path.stat().st_size
+        if size != entry.size_bytes:  # truncated or replaced: never hand TensorRT a damaged engine
+            raise EngineError(f"{directory}: engine file {entry.file} of graph {name} is {size} bytes but was built "
+                              f"as {entry.size_bytes} (truncated or corrupt?): run `eagle-export build {directory}`")
 
 
 class _TrtGraph:

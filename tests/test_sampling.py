@@ -341,3 +341,10 @@ def test_accept_sampling_walks_exactly_the_visited_rows():
 def test_exact_joint_is_a_distribution():
     lm = Synthetic(SamplingParams(1.0), 2, 1)
     assert math.isclose(lm.exact_joint(PROMPT, 2).sum(), 1.0, rel_tol=1e-12)
+
+
+def test_non_finite_logits_are_a_clear_error():
+    with pytest.raises(GenerationError, match="non-finite logits"):
+        process_logits(np.array([0.0, np.nan, 1.0]), SamplingParams(temperature=1.0, seed=0))
+    with pytest.raises(GenerationError, match="overflows"):
+        process_logits(np.array([0.0, 1e300, 1.0]), SamplingParams(temperature=1e-10, seed=0))

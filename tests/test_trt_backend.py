@@ -303,6 +303,15 @@ def test_open_with_a_missing_engine_file(engines, tmp_path):
         EagleRuntime.open(art, backend="tensorrt")
 
 
+def test_open_with_a_truncated_engine_file(engines, tmp_path):
+    art = shutil.copytree(engines("fp32"), tmp_path / "art")
+    engine = art / "target_verify.engine"
+    engine.write_bytes(engine.read_bytes()[:1000])
+    with pytest.raises(EngineError, match="engine file target_verify.engine of graph target_verify is 1000 bytes but "
+                                          r"was built as \d+ \(truncated or corrupt\?\)"):
+        EagleRuntime.open(art, backend="tensorrt")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the no-CUDA error cannot happen")
 def test_no_cuda_is_a_clear_error(engines):
     with pytest.raises(EagleExportError) as info:
