@@ -242,5 +242,38 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_d
     sys.exit(0 if report.passed else 1)
 
 
+@main.command("bench")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens generated per prompt and mode (greedy, EOS ignored).")
+@click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
+@click.option("--depth", type=int, default=None, help="Tree depth (default: the artifact's).")
+@click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path), default=None,
+              help="Draw the n-alpha curve to this PNG (needs matplotlib).")
+def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
+              plot_file) -> None:
+    """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
+    from .tools.bench import bench, plot_n_alpha, read_prompts, require_matplotlib
+
+    if plot_file is not None:
+        require_matplotlib()  # fail before the bench runs, not after
+    prompts = read_prompts(prompts_file) if prompts_file is not None else None
+    log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
+                   total_tokens=total_tokens, backend=backend, threads=threads, log=log)
+    click.echo(json.dumps(report.to_dict()) if as_json else report.format())
+    if plot_file is not None:
+        plot_n_alpha(report, plot_file)
+        if not as_json:
+            click.echo(f"n-alpha plot: {plot_file}")
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,167 @@
+"""`eagle-export bench` / tools/bench.py: EAGLE against --no-draft side by side, the JSON report's fields and
+ranges, prompts files (text and ids lines, malformed lines named by number), the optional --plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from click.testing import CliRunner, Result
+
+from eagle_export import contract as C
+from eagle_export.cli import main
+from eagle_export.tools.bench import TimingBackend, bench, n_alpha
+
+P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
+P9 = [(5 * i + 4) % 48 for i in range(9)]
+
+
+def cli(*args) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def bench_json(*args) -> dict:
+    r = cli("bench", *args, "--json", "--threads", 1)
+    assert r.exception is None and r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def fail(*args, expect: tuple[str, ...]) -> str:
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output
+    for f in expect:
+        assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
+    return r.stderr
+
+
+@pytest.fixture(scope="module")
+def gqa(models):
+    return models("gqa")[2]
+
+
+@pytest.fixture(scope="module")
+def ids_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("bench") / "ids.jsonl"
+    p.write_text("\n".join(json.dumps({"prompt_ids": x}) for x in (P12, P9)) + "\n")
+    return p
+
+
+def test_bench_json_fields_and_ranges(gqa, ids_file):
+    out = bench_json(gqa, "--prompts", ids_file, "--max-new-tokens", 16)
+    agg = out["aggregate"]
+    assert {"tau", "speedup", "tokens_per_s", "n_alpha", "time_split", "peak_rss_mb", "lossless", "prompts",
+            "max_new_tokens", "tree"} <= set(agg)
+    assert agg["lossless"] is True
+    assert agg["prompts"] == 2 and agg["max_new_tokens"] == 16
+    assert agg["tree"] == {"top_k": 4, "depth": 3, "total_tokens": 12}
+    assert agg["tau"] >= 1
+    assert agg["speedup"] > 0
+    assert agg["tokens_per_s"]["eagle"] > 0 and agg["tokens_per_s"]["no_draft"] > 0
+    assert agg["peak_rss_mb"] > 0
+    na = agg["n_alpha"]
+    assert len(na) == 4  # depth + 1 levels
+    assert na[0] is not None
+    assert all(a is None or 0 <= a <= 1 for a in na)
+    split = agg["time_split"]
+    assert set(split) == {"draft", "target", "host"}
+    assert all(0 <= v <= 1 for v in split.values())
+    assert sum(split.values()) == pytest.approx(1, abs=1e-6)
+    assert split["draft"] > 0 and split["target"] > 0
+    rows = out["prompts"]
+    assert [r["prompt_tokens"] for r in rows] == [12, 9]
+    for r in rows:
+        assert r["new_tokens"] == 16 and r["lossless"] is True  # EOS ignored: both modes run to the length
+        assert r["speedup"] == pytest.approx(r["eagle_tok_s"] / r["no_draft_tok_s"])
+        assert r["tau"] == pytest.approx((sum(r["accept_lengths"]) + r["rounds"]) / r["rounds"])
+    acc = [a for r in rows for a in r["accept_lengths"]]
+    assert agg["tau"] == pytest.approx((sum(acc) + len(acc)) / len(acc))
+    assert na == n_alpha(acc, 4)
+
+
+def test_bench_text_and_ids_prompts_file_and_table(tiny, tmp_path):
+    p = tmp_path / "mixed.jsonl"
+    p.write_text(json.dumps({"prompt": "The quick brown fox"}) + "\n\n" + json.dumps({"prompt_ids": P12}) + "\n")
+    out = bench_json(tiny[2], "--prompts", p, "--max-new-tokens", 16, "--top-k", 3, "--depth", 2,
+                     "--total-tokens", 6)
+    agg = out["aggregate"]
+    assert agg["prompts"] == 2 and agg["lossless"] is True
+    assert agg["tree"] == {"top_k": 3, "depth": 2, "total_tokens": 6}
+    assert len(agg["n_alpha"]) == 3
+    assert out["prompts"][1]["prompt_tokens"] == 12
+    r = cli("bench", tiny[2], "--prompts", p, "--max-new-tokens", 8, "--threads", 1)  # the readable table
+    assert r.exit_code == 0, r.output
+    for f in ("tau", "n-alpha", "speedup", "no-draft", "peak memory", "ru_maxrss", "lossless", "EOS ignored"):
+        assert f in r.stdout
+
+
+def test_bench_builtin_prompts(gqa):
+    report = bench(gqa, max_new_tokens=8, threads=1)  # no tokenizer: built-in id prompts within the vocabulary
+    assert len(report.rows) >= 2 and report.lossless
+    d = report.to_dict()
+    assert d["aggregate"]["prompts"] == len(d["prompts"])
+
+
+def test_timing_proxy_forwards_and_times():
+    class Fake:
+        name, device = "fake", "cpu"
+        calls: list = []
+
+        def run(self, graph, inputs, outputs):
+            self.calls.append(graph)
+
+        def check_tree(self, tree):
+            return "checked"
+
+    inner = Fake()
+    proxy = TimingBackend(inner)
+    assert (proxy.name, proxy.device) == ("fake", "cpu")
+    proxy.run(C.TARGET_GRAPH, {}, {})
+    proxy.run(C.DRAFT_GRAPH, {}, {})
+    proxy.run(C.DRAFT_GRAPH, {}, {})
+    assert inner.calls == [C.TARGET_GRAPH, C.DRAFT_GRAPH, C.DRAFT_GRAPH]
+    assert proxy.calls == {C.TARGET_GRAPH: 1, C.DRAFT_GRAPH: 2}
+    assert proxy.seconds[C.DRAFT_GRAPH] >= 0
+    assert proxy.check_tree(None) == "checked"  # optional hooks pass through
+
+
+def test_n_alpha():
+    assert n_alpha([0, 1, 2, 3], 4) == [0.75, 2 / 3, 0.5, 0.0]
+    assert n_alpha([0, 0], 3) == [0.0, None, None]
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", '{"prompt": "text"} or {"prompt_ids"'),
+    ('{"prompt": "a", "prompt_ids": [1]}', '{"prompt": "text"} or {"prompt_ids"'),
+    ('{"prompt_ids": []}', "non-empty list of integers"),
+    ('{"prompt_ids": [1, "2"]}', "non-empty list of integers"),
+    ('{"prompt": ""}', "non-empty string"),
+    ('{"prompt_ids": [1], "n": 2}', "unknown key(s) n"),
+    ('{"prompt_ids": [1, 999]}', "token id 999 is outside the vocabulary [0, 48)"),
+])
+def test_bench_bad_prompts_line(gqa, tmp_path, line, fragment):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"prompt_ids": P12}) + "\n\n" + line + "\n")
+    fail("bench", gqa, "--prompts", p, "--max-new-tokens", 4, expect=(f"{p}:3", fragment))
+
+
+def test_bench_bad_requests(gqa, tmp_path):
+    p = tmp_path / "text.jsonl"
+    p.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    fail("bench", gqa, "--prompts", p, expect=(f"{p}:1", "needs the artifact's tokenizer", "prompt_ids"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    fail("bench", gqa, "--prompts", empty, expect=("no prompts",))
+    fail("bench", gqa, "--prompts", tmp_path / "missing.jsonl", expect=("cannot read the prompts file",))
+    fail("bench", gqa, "--top-k", 99, "--max-new-tokens", 4, expect=("top_k",))
+
+
+def test_bench_plot_without_matplotlib(gqa, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed, even where it is
+    png = tmp_path / "na.png"
+    fail("bench", gqa, "--max-new-tokens", 4, "--plot", png,
+         expect=("--plot needs matplotlib", "pip install matplotlib"))
+    assert not png.exists()
