@@ -413,28 +413,9 @@ def make_tiny_draft(
 
     shapes = draft_weight_shapes(cfg, fc_bias=fc_bias, own_embedding=bool(own_embedding))
     gen = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, shape in shapes.items():
-        if name.endswith("layernorm.weight"):
-            t = 1.0 + norm_noise * torch.randn(shape, generator=gen)
-        elif name == "embed_tokens.weight" and own_embedding == "copy":
-            t = _load_target_embedding(target_dir)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"target embedding shape {tuple(t.shape)} != draft {shape}")
-        else:
-            t = init_scale * torch.randn(shape, generator=gen)
-        tensors[name] = t.to(torch.float32).contiguous()
+    tensors = _random_weights(shapes, gen, init_scale, norm_noise, own_embedding, target_dir)
 
-    for stale in ("model.safetensors", "pytorch_model.bin"):
-        (out_dir / stale).unlink(missing_ok=True)
-    if weights_format == "safetensors":
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        torch.save(tensors, out_dir / "pytorch_model.bin")
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    return out_dir
+    return _write_head(out_dir, cfg, tensors, weights_format)
 
 
 def eagle3_weight_shapes(
@@ -531,6 +512,20 @@ def make_tiny_eagle3_draft(
 
     shapes = eagle3_weight_shapes(cfg, own_embedding=bool(own_embedding), num_feature_layers=num_feature_layers)
     gen = torch.Generator().manual_seed(seed)
+    tensors = _random_weights(shapes, gen, init_scale, norm_noise, own_embedding, target_dir)
+    if Vd < V:
+        target_ids = torch.randperm(V, generator=gen)[:Vd].sort().values
+        tensors["d2t"] = (target_ids - torch.arange(Vd)).to(torch.int64)
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[target_ids] = True
+        tensors["t2d"] = t2d
+
+    return _write_head(out_dir, cfg, tensors, weights_format)
+
+
+def _random_weights(shapes: dict[str, tuple], gen: torch.Generator, init_scale: float, norm_noise: float,
+                    own_embedding, target_dir: Path) -> dict[str, torch.Tensor]:
+    """Norm weights 1 + N(0, norm_noise), the embedding copied from the target if asked, the rest N(0, init_scale)."""
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
@@ -542,13 +537,11 @@ def make_tiny_eagle3_draft(
         else:
             t = init_scale * torch.randn(shape, generator=gen)
         tensors[name] = t.to(torch.float32).contiguous()
-    if Vd < V:
-        target_ids = torch.randperm(V, generator=gen)[:Vd].sort().values
-        tensors["d2t"] = (target_ids - torch.arange(Vd)).to(torch.int64)
-        t2d = torch.zeros(V, dtype=torch.bool)
-        t2d[target_ids] = True
-        tensors["t2d"] = t2d
+    return tensors
 
+
+def _write_head(out_dir: Path, cfg: dict, tensors: dict[str, torch.Tensor], weights_format: str) -> Path:
+    """The published layout: config.json plus model.safetensors or pytorch_model.bin (never both)."""
     for stale in ("model.safetensors", "pytorch_model.bin"):
         (out_dir / stale).unlink(missing_ok=True)
     if weights_format == "safetensors":
