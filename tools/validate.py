@@ -96,18 +96,13 @@ def tolerances(torch_iterations: list, dtype: str) -> dict[str, Tolerance]:
 
 def random_tree(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """A random tree of n nodes in tree order (parents precede children): (depths, ancestor-or-self mask)."""
+    from eagle_export.runtime.tree import VerifyTree
+
     parents = np.full(n, -1)
     for i in range(1, n):
         parents[i] = rng.integers(0, i)
-    depths = np.zeros(n, dtype=np.int64)
-    mask = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-        depths[i] = mask[i].sum() - 1
-    return depths, mask
+    tree = VerifyTree.from_parents(np.zeros(n, dtype=np.int64), parents)
+    return tree.depths, tree.mask
 
 
 def _past(rng, rows: int, layers: int, heads: int, dim: int, dtype: str) -> list[np.ndarray]:
