@@ -1,17 +1,19 @@
-"""The README's main job: make the bundled tiny model, export it, generate, print tau and speedup.
+"""The README's main job: export the shipped trained fixture, generate a sample, print tau and the speedup.
 
-    python -m eagle_export.tools.demo [--workdir demo] [--max-new-tokens 48]
+    python -m eagle_export.tools.demo [--workdir demo] [--max-new-tokens 64] [--heads eagle1,eagle3]
 
-The default model is a tiny random Llama target with a random EAGLE-1/2 head, made offline by
-``tools/tiny_models.py``: it proves the pipeline end to end (and losslessness), not speed: a random
-head is rarely accepted, so expect tau near 1 and no speedup until a trained head is used.
+The fixture (``fixture/``, made by ``tools/make_fixture.py``) is a small trained code model with a trained
+EAGLE-1/2 head and a trained EAGLE-3 head. For each head the demo exports an artifact (once, into
+WORKDIR/<head>) with the tree that ``eagle-export tune`` picked on a 2-core CPU (``fixture/tree.json``), prints
+one EAGLE completion, then runs ``eagle-export bench``'s measurement on the fixture's prompt set: EAGLE and
+plain decoding alternately on the same runtime, tau, speedup, where the time goes, and whether EAGLE's tokens
+equal plain decoding's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import statistics
-import time
 from pathlib import Path
 
 import click
@@ -19,42 +21,51 @@ import click
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.manifest import MANIFEST_NAME
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_target
+from eagle_export.tools.bench import bench, read_prompts
+from eagle_export.tree_params import TreeParams
 
-PROMPTS = ["The quick brown fox", "def main():", "Once upon a time", "import numpy as np"]
+FIXTURE = Path(__file__).resolve().parent.parent / "fixture"
+HEADS = ("eagle1", "eagle3")
+
+
+def fixture_tree(head: str, fixture: Path = FIXTURE) -> TreeParams:
+    """The tuned default tree recorded for a head in fixture/tree.json."""
+    trees = json.loads((fixture / "tree.json").read_text())
+    t = trees[head]
+    return TreeParams(t["top_k"], t["depth"], t["total_tokens"])
+
+
+def export_fixture(head: str, out: Path, fixture: Path = FIXTURE) -> Path:
+    """Export the fixture's target with one of its heads (fp32, for ONNX Runtime CPU) unless out already holds it."""
+    if not (out / MANIFEST_NAME).is_file():
+        tree = fixture_tree(head, fixture)
+        export_artifact(fixture / "target", fixture / head, out,
+                        ExportOptions(max_seq_len=1024, tree=tree, overwrite=True))
+    return out
 
 
 @click.command()
 @click.option("--workdir", type=click.Path(path_type=Path), default=Path("demo"), show_default=True)
-@click.option("--max-new-tokens", type=int, default=48, show_default=True)
-def main(workdir: Path, max_new_tokens: int) -> None:
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--heads", default=",".join(HEADS), show_default=True, help="Which of the fixture's heads to run.")
+def main(workdir: Path, max_new_tokens: int, heads: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    target, draft, art = workdir / "target", workdir / "draft", workdir / "artifact"
-    if not (target / "config.json").is_file():
-        click.echo(f"making the tiny model in {workdir} ...")
-        make_tiny_target(target, "gqa", seed=0)
-        make_tiny_draft(draft, target, seed=1)
-    if not (art / MANIFEST_NAME).is_file():
-        export_artifact(target, draft, art, ExportOptions(max_seq_len=512, overwrite=True))
-    click.echo(f"artifact: {art}")
-    rt = EagleRuntime.open(art)
-    sample = rt.generate(PROMPTS[0], max_new_tokens=max_new_tokens)
-    click.echo(f"\nprompt: {PROMPTS[0]!r}\nEAGLE : {sample.text!r}  (finish={sample.finish_reason})\n")
-    speedups, taus, same = [], [], True
-    for prompt in PROMPTS:
-        kw = dict(max_new_tokens=max_new_tokens, stop_on_eos=False)
-        t0 = time.perf_counter()
-        base = rt.generate(prompt, use_draft=False, **kw)
-        t1 = time.perf_counter()
-        eagle = rt.generate(prompt, **kw)
-        t2 = time.perf_counter()
-        same &= base.tokens == eagle.tokens
-        taus.append(eagle.stats.tau)
-        speedups.append((t1 - t0) / (t2 - t1))
-    click.echo(f"tau (tokens per target forward): {statistics.mean(taus):.2f}")
-    click.echo(f"speedup vs --no-draft (median over {len(PROMPTS)} prompts, same run): "
-               f"{statistics.median(speedups):.2f}x")
-    click.echo(f"lossless (EAGLE tokens == --no-draft tokens): {same}")
+    chosen = [h.strip() for h in heads.split(",") if h.strip()]
+    bad = [h for h in chosen if h not in HEADS]
+    if bad or not chosen:
+        raise click.BadParameter(f"choose from {', '.join(HEADS)}", param_hint="--heads")
+    prompts = read_prompts(FIXTURE / "prompts.jsonl")
+    for head in chosen:
+        art = workdir / head
+        click.echo(f"== {head}: exporting fixture/target + fixture/{head} to {art} ..." if not
+                   (art / MANIFEST_NAME).is_file() else f"== {head}: artifact {art}")
+        export_fixture(head, art)
+        rt = EagleRuntime.open(art)
+        sample = rt.generate(prompts[0].text, max_new_tokens=max_new_tokens, stop_on_eos=False)
+        click.echo(f"prompt + EAGLE completion (tau {sample.stats.tau:.2f}):\n{prompts[0].text}{sample.text}\n")
+        report = bench(art, prompts=prompts, max_new_tokens=max_new_tokens)
+        click.echo(report.format())
+        click.echo("")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,260 @@
+"""Train the fixture's EAGLE heads on the target's own greedy text, with a training-time test.
+
+Data: corpus prompts continued greedily by the trained target (the text a greedy EAGLE run drafts on), with
+the target's features at every position (its final-norm output for EAGLE-1/2, the inputs of three decoder
+layers for EAGLE-3).
+
+Training-time test (EAGLE-3's recipe, used for both heads here): the head is unrolled ``unroll`` steps. Step 0
+reads the target's feature at each position p (the draft's context rows); step s > 0 reads the head's own
+step s-1 output, as a depth-s tree node does at inference, and attends to the step-0 keys up to p plus its own
+chain of steps 1..s at p (exactly the draft cache a tree path sees). The input token at step s is the true
+token p+1+s, which for the target's greedy text is what the tree holds when the steps before were accepted; so
+the leading run of correct steps is the accept length a top-1 chain would get.
+
+Losses: EAGLE-1/2 = smooth-L1 regression to the target's next feature + soft cross-entropy to the target's
+next-token distribution (the target's lm_head on both); EAGLE-3 = soft cross-entropy over its own draft
+vocabulary (the most frequent target tokens, written as ``d2t``/``t2d``). Later steps weigh 0.8^s.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from eagle_export.export.modules import apply_rope
+
+from .fixture_data import greedy_continue, target_features, windows
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    prompts: int = 1024
+    prompt_len: int = 96
+    new_tokens: int = 160
+    heldout: int = 64
+    unroll: int = 5
+    batch: int = 8
+    steps: int = 500
+    lr: float = 2e-3
+    warmup: int = 30
+    ce_weight_eagle1: float = 1.0
+    draft_vocab: int = 1024
+    seed: int = 0
+
+
+@dataclass
+class HeadData:
+    seqs: torch.Tensor  # [n, N] int64: prompt + the target's greedy continuation
+    last: torch.Tensor  # [n, N, H]: final-norm features (EAGLE-1/2 features, lm_head input)
+    taps: torch.Tensor  # [n, N, 3H]: inputs of the EAGLE-3 feature layers
+    tap_layers: list[int]
+    prompt_len: int
+    seconds: float
+
+    def summary(self) -> dict:
+        return {"sequences": int(self.seqs.shape[0]), "seq_len": int(self.seqs.shape[1]), "prompt_len": self.prompt_len,
+                "tap_layers": self.tap_layers, "seconds": self.seconds}
+
+
+def _load_target(work: Path):
+    from eagle_export.export.loaders import load_target
+
+    t = load_target(work / "target", progress=False)
+    for p in t.model.parameters():
+        p.requires_grad_(False)
+    return t
+
+
+def make_head_data(work: Path, r: HeadRecipe, log=print) -> HeadData:
+    from eagle_export.export.loaders import default_feature_layers
+
+    t0 = time.perf_counter()
+    target = _load_target(work)
+    stream = np.load(work / "stream.npy")
+    prompts = windows(stream, r.prompts, r.prompt_len, np.random.default_rng(r.seed + 7))
+    log(f"heads: continuing {r.prompts} corpus prompts of {r.prompt_len} tokens by {r.new_tokens} greedy tokens")
+    seqs = greedy_continue(target.model, prompts, r.new_tokens)
+    layers = default_feature_layers(target.config.num_hidden_layers)
+    last, taps = target_features(target.model, seqs, layers)
+    data = HeadData(seqs, last, taps, layers, r.prompt_len, time.perf_counter() - t0)
+    log(f"heads: data {tuple(seqs.shape)} + features in {data.seconds / 60:.1f} min (EAGLE-3 taps: layers {layers})")
+    return data
+
+
+def ttt_forward(head, variant: str, ids: torch.Tensor, feats: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+    """The head unrolled ``unroll`` steps over all positions at once; returns each step's hidden [B, N-unroll, H]."""
+    B, N = ids.shape
+    n = N - unroll
+    e3 = variant == "eagle3"
+    layer = head.midlayer if e3 else head.layers[0]
+    attn = layer.self_attn
+    hd = attn.head_dim
+    pos = torch.arange(n).expand(B, n)
+    future = ~torch.ones(n, n, dtype=torch.bool).tril()
+    keys, vals, outs = [], [], []
+    prev = None
+    for s in range(unroll):
+        emb = head.embed_tokens(ids[:, 1 + s:1 + s + n])
+        if e3:
+            h = head.fc(feats[:, :n]) if s == 0 else prev
+            x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), -1)
+            resid = h
+        else:
+            x = head.fc(torch.cat((emb, feats[:, :n] if s == 0 else prev), -1))
+            resid = x
+        cos, sin = head.rotary_emb(x, pos + s)
+        q = apply_rope(attn.q_proj(x).view(B, n, -1, hd), cos, sin)
+        k = apply_rope(attn.k_proj(x).view(B, n, -1, hd), cos, sin)
+        v = attn.v_proj(x).view(B, n, -1, hd)
+        rep = q.shape[2] // k.shape[2]
+        keys.append(k.repeat_interleave(rep, 2))
+        vals.append(v.repeat_interleave(rep, 2))
+        # Step-0 keys up to the anchor (the draft's context cache), then the anchor's own chain (tree path + self).
+        s0 = torch.einsum("bqhd,bkhd->bhqk", q, keys[0]).masked_fill(future, float("-inf"))
+        chain = [(q * keys[t]).sum(-1).transpose(1, 2).unsqueeze(-1) for t in range(1, s + 1)]
+        probs = torch.softmax(torch.cat([s0, *chain], -1) * attn.scaling, -1)
+        o = torch.einsum("bhqk,bkhd->bqhd", probs[..., :n], vals[0])
+        for j, t in enumerate(range(1, s + 1)):
+            o = o + probs[..., n + j].transpose(1, 2).unsqueeze(-1) * vals[t]
+        g = resid + attn.o_proj(o.reshape(B, n, -1))
+        g = g + layer.mlp(layer.post_attention_layernorm(g))
+        outs.append(g)
+        prev = g
+    return outs
+
+
+def _draft_vocab(seqs: torch.Tensor, vocab: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids in the head data (ties by id), ascending: EAGLE-3's draft vocabulary."""
+    counts = np.bincount(seqs.reshape(-1).numpy(), minlength=vocab)
+    order = np.lexsort((np.arange(vocab), -counts))[:size]
+    return torch.from_numpy(np.sort(order)).to(torch.int64)
+
+
+def _init_head(work: Path, variant: str, target, draft_ids: torch.Tensor | None, seed: int):
+    """A fresh head written in the published layout by tiny_models, then loaded through the real loader."""
+    from safetensors.torch import load_file
+
+    from eagle_export.export.loaders import load_draft_head
+
+    from .tiny_models import _write_head, make_tiny_draft, make_tiny_eagle3_draft
+
+    out = work / variant
+    tdir = work / "target"
+    if variant == "eagle1":
+        make_tiny_draft(out, tdir, seed=seed, fc_bias=True, init_scale=0.02, norm_noise=0.0)
+    else:
+        V = target.config.vocab_size
+        make_tiny_eagle3_draft(out, tdir, seed=seed, draft_vocab_size=len(draft_ids), init_scale=0.02, norm_noise=0.0)
+        tensors = load_file(str(out / "model.safetensors"))
+        tensors["d2t"] = (draft_ids - torch.arange(len(draft_ids))).to(torch.int64)
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[draft_ids] = True
+        tensors["t2d"] = t2d
+        import json
+
+        _write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
+    loaded = load_draft_head(out, target)
+    return loaded.head.float().train(), out
+
+
+def _save_head(head, out: Path) -> None:
+    """Write the trained weights over the head's file, same keys (the published layout), d2t/t2d kept."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from .tiny_models import _write_head
+
+    tensors = load_file(str(out / "model.safetensors"))
+    state = head.state_dict()
+    for k in tensors:
+        if k not in ("d2t", "t2d"):
+            tensors[k] = state[k].detach().float().contiguous()
+    _write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
+
+
+def _losses(head, variant, target, ids, last, feats, r: HeadRecipe, draft_ids):
+    """Weighted loss over the unrolled steps, and per-step (agree [B, n] bool) for accuracy."""
+    outs = ttt_forward(head, variant, ids, feats, r.unroll)
+    n = ids.shape[1] - r.unroll
+    with torch.no_grad():
+        t_logits = target.model.lm_head(last)  # [B, N, V]
+    total, agree = 0.0, []
+    for s, g in enumerate(outs):
+        tl = t_logits[:, 1 + s:1 + s + n]
+        if variant == "eagle1":
+            d_logits = head.lm_head(g)
+            ce = -(torch.softmax(tl, -1) * torch.log_softmax(d_logits, -1)).sum(-1).mean()
+            reg = F.smooth_l1_loss(g, last[:, 1 + s:1 + s + n])
+            loss = reg + r.ce_weight_eagle1 * ce
+            pred = d_logits.argmax(-1)
+        else:
+            d_logits = head.lm_head(head.norm(g))
+            loss = -(torch.softmax(tl[..., draft_ids], -1) * torch.log_softmax(d_logits, -1)).sum(-1).mean()
+            pred = draft_ids[d_logits.argmax(-1)]
+        total = total + (0.8 ** s) * loss
+        agree.append(pred == tl.argmax(-1))
+    return total, agree
+
+
+def chain_figures(agree: list[torch.Tensor], gen_from: int) -> dict:
+    """Per-step top-1 agreement and the mean leading run of agreeing steps, over anchors whose first predicted
+    token lies in the generated text (positions >= gen_from)."""
+    a = torch.stack(agree, -1)  # [B, n, unroll]
+    a = a[:, max(0, gen_from - 1):]
+    per_step = a.float().mean((0, 1)).tolist()
+    lead = torch.cumprod(a.int(), -1).sum(-1).float().mean().item()
+    return {"top1_agreement_per_step": [round(x, 4) for x in per_step], "mean_accepted_chain": round(lead, 3),
+            "chain_tau": round(1.0 + lead, 3)}
+
+
+def train_head(work: Path, variant: str, data: HeadData, r: HeadRecipe, log=print) -> dict:
+    """Train one head in place of its initial file in work/<variant>; returns its figures."""
+    t0 = time.perf_counter()
+    torch.manual_seed(r.seed)
+    target = _load_target(work)
+    draft_ids = None
+    if variant == "eagle3":
+        draft_ids = _draft_vocab(data.seqs, target.config.vocab_size, r.draft_vocab)
+    head, out = _init_head(work, variant, target, draft_ids, r.seed + 1)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    feats_all = data.last if variant == "eagle1" else data.taps
+    ntrain = len(data.seqs) - r.heldout
+    rng = np.random.default_rng(r.seed + 3)
+    log(f"{variant}: {sum(p.numel() for p in params) / 1e6:.2f} M trainable parameters, {r.steps} steps of "
+        f"{r.batch} sequences, unroll {r.unroll}")
+    recent = []
+    for step in range(r.steps):
+        lr = r.lr * min(1.0, (step + 1) / r.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / r.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.from_numpy(rng.integers(0, ntrain, r.batch))
+        loss, _ = _losses(head, variant, target, data.seqs[idx], data.last[idx], feats_all[idx], r, draft_ids)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        recent.append(loss.item())
+        if (step + 1) % 50 == 0 or step == r.steps - 1:
+            log(f"  {variant} step {step + 1}/{r.steps}  loss {np.mean(recent[-50:]):.4f}  "
+                f"{(time.perf_counter() - t0) / 60:.1f} min")
+    head.eval()
+    with torch.no_grad():
+        ho = slice(ntrain, len(data.seqs))
+        _, agree = _losses(head, variant, target, data.seqs[ho], data.last[ho], feats_all[ho], r, draft_ids)
+    figures = chain_figures(agree, data.prompt_len)
+    figures.update({"train_loss": float(np.mean(recent[-50:])), "seconds": time.perf_counter() - t0,
+                    "params": sum(p.numel() for p in params)})
+    if draft_ids is not None:
+        figures["draft_vocab"] = len(draft_ids)
+    _save_head(head, out)
+    log(f"{variant}: held-out top-1 agreement per step {figures['top1_agreement_per_step']}, "
+        f"chain tau {figures['chain_tau']} ({figures['seconds'] / 60:.1f} min)")
+    return figures
