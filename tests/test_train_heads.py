@@ -61,7 +61,7 @@ def test_unrolled_steps_equal_the_inference_forward(target, tmp_path, variant):
 def test_chain_figures_count_the_leading_run():
     # two anchors: steps agree (T, T, F) and (F, T, T): leading runs 2 and 0
     agree = [torch.tensor([[True, False]]), torch.tensor([[True, True]]), torch.tensor([[False, True]])]
-    fig = chain_figures(agree, gen_from=0)
+    fig = chain_figures(agree, gen_from=torch.tensor([0]))
     assert fig["mean_accepted_chain"] == 1.0 and fig["chain_tau"] == 2.0
     assert fig["top1_agreement_per_step"] == [0.5, 1.0, 0.5]
 

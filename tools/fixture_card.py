@@ -68,8 +68,9 @@ def write_card(work: Path, out: Path) -> Path:
         f"({t['seconds'] / 60:.1f} min).",
         "",
         "## Heads",
-        f"- Data: {h['data']['sequences']} corpus prompts of {hr['prompt_len']} tokens continued by the target's own "
-        f"greedy decoding for {hr['new_tokens']} tokens; features from the target at every position "
+        f"- Data: {h['data']['sequences']} corpus prompts of {', '.join(map(str, hr['prompt_lens']))} tokens "
+        f"({hr['doc_start_share']:.0%} at document starts) continued by the target's own greedy decoding to "
+        f"{hr['seq_len']} tokens; features from the target at every position "
         f"(EAGLE-3 taps: inputs of layers {h['data']['tap_layers']}). {hr['heldout']} sequences held out.",
         f"- Training-time test unrolled {hr['unroll']} steps, {hr['steps']} AdamW steps of {hr['batch']} sequences, "
         f"lr {hr['lr']}. EAGLE-1/2 (`eagle1/`, {e1['params'] / 1e6:.2f} M parameters, fc with bias, the target's "

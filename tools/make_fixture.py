@@ -6,7 +6,8 @@ Stages (each reads the previous one's output from --work, so a stage can be reru
   target  corpus (the interpreter's stdlib sources) -> BPE tokenizer -> small Llama target (fp32, --work/target)
   heads   the target's greedy continuations of corpus prompts, its features -> EAGLE-1/2 head (--work/eagle1)
           and EAGLE-3 head (--work/eagle3), both in the published layouts
-  pack    fp16 copies of the three models in --out, plus CARD.md and recipe.json (figures from the stages)
+  pack    fp16 copies of the three models in --out, plus CARD.md and recipe.json (figures from the stages);
+          the rest of --out (prompts.jsonl, tree.json) is left as it is
 
 Deterministic for a given interpreter (corpus) and torch build: fixed seeds, fixed step counts, no timing-based
 decisions. Prints losses and accuracies as it goes; the figures land in --work/*.json and the card.
@@ -81,10 +82,10 @@ def stage_heads(work: Path, steps: int | None, log=click.echo) -> None:
 def stage_pack(work: Path, out: Path, log=click.echo) -> None:
     from .fixture_card import write_card, write_fp16
 
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    for name in ("target", "eagle1", "eagle3"):
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("target", "eagle1", "eagle3"):  # only the recipe's own outputs: prompts.jsonl, tree.json stay
+        if (out / name).exists():
+            shutil.rmtree(out / name)
         write_fp16(work / name, out / name)
     write_card(work, out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())

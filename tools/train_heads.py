@@ -29,14 +29,18 @@ import torch.nn.functional as F
 
 from eagle_export.export.modules import apply_rope
 
-from .fixture_data import greedy_continue, target_features, windows
+from .fixture_data import greedy_continue, target_features
 
 
 @dataclass(frozen=True)
 class HeadRecipe:
-    prompts: int = 1024
-    prompt_len: int = 96
-    new_tokens: int = 160
+    prompts: int = 896
+    # Generation batches cycle through these prompt lengths; each sequence is seq_len tokens in all, the rest the
+    # target's greedy continuation. Short prompts matter: a chat or completion request starts with a few tokens.
+    prompt_lens: tuple[int, ...] = (8, 16, 32, 64, 96)
+    seq_len: int = 224
+    doc_start_share: float = 0.5  # share of prompts that start at a document start (<s>), as a request does
+    gen_batch: int = 64
     heldout: int = 64
     unroll: int = 5
     batch: int = 8
@@ -54,12 +58,13 @@ class HeadData:
     last: torch.Tensor  # [n, N, H]: final-norm features (EAGLE-1/2 features, lm_head input)
     taps: torch.Tensor  # [n, N, 3H]: inputs of the EAGLE-3 feature layers
     tap_layers: list[int]
-    prompt_len: int
+    prompt_lens: torch.Tensor  # [n]: where each sequence's generated part starts
     seconds: float
 
     def summary(self) -> dict:
-        return {"sequences": int(self.seqs.shape[0]), "seq_len": int(self.seqs.shape[1]), "prompt_len": self.prompt_len,
-                "tap_layers": self.tap_layers, "seconds": self.seconds}
+        return {"sequences": int(self.seqs.shape[0]), "seq_len": int(self.seqs.shape[1]),
+                "prompt_lens": sorted({int(x) for x in self.prompt_lens}), "tap_layers": self.tap_layers,
+                "seconds": self.seconds}
 
 
 def _load_target(work: Path):
@@ -77,12 +82,27 @@ def make_head_data(work: Path, r: HeadRecipe, log=print) -> HeadData:
     t0 = time.perf_counter()
     target = _load_target(work)
     stream = np.load(work / "stream.npy")
-    prompts = windows(stream, r.prompts, r.prompt_len, np.random.default_rng(r.seed + 7))
-    log(f"heads: continuing {r.prompts} corpus prompts of {r.prompt_len} tokens by {r.new_tokens} greedy tokens")
-    seqs = greedy_continue(target.model, prompts, r.new_tokens)
+    rng = np.random.default_rng(r.seed + 7)
+    doc_starts = np.flatnonzero(stream == 1)  # <s>
+    log(f"heads: {r.prompts} corpus prompts of {', '.join(map(str, r.prompt_lens))} tokens "
+        f"({r.doc_start_share:.0%} at document starts), continued greedily by the target to {r.seq_len} tokens")
+    seqs, lens = [], []
+    for b, i in enumerate(range(0, r.prompts, r.gen_batch)):
+        n = min(r.gen_batch, r.prompts - i)
+        plen = r.prompt_lens[b % len(r.prompt_lens)]
+        n_doc = int(round(n * r.doc_start_share))
+        starts = np.concatenate([rng.choice(doc_starts[doc_starts < len(stream) - plen], n_doc),
+                                 rng.integers(0, len(stream) - plen, n - n_doc)])
+        prompts = torch.from_numpy(np.stack([stream[s:s + plen] for s in starts]).astype(np.int64))
+        seqs.append(greedy_continue(target.model, prompts, r.seq_len - plen))
+        lens += [plen] * n
+        log(f"  generated {i + n}/{r.prompts}  {(time.perf_counter() - t0) / 60:.1f} min")
+    seqs = torch.cat(seqs)
+    order = torch.from_numpy(rng.permutation(len(seqs)))  # held-out rows: a mix of prompt lengths
+    seqs, lens = seqs[order], torch.tensor(lens)[order]
     layers = default_feature_layers(target.config.num_hidden_layers)
     last, taps = target_features(target.model, seqs, layers)
-    data = HeadData(seqs, last, taps, layers, r.prompt_len, time.perf_counter() - t0)
+    data = HeadData(seqs, last, taps, layers, lens, time.perf_counter() - t0)
     log(f"heads: data {tuple(seqs.shape)} + features in {data.seconds / 60:.1f} min (EAGLE-3 taps: layers {layers})")
     return data
 
@@ -203,12 +223,13 @@ def _losses(head, variant, target, ids, last, feats, r: HeadRecipe, draft_ids):
     return total, agree
 
 
-def chain_figures(agree: list[torch.Tensor], gen_from: int) -> dict:
+def chain_figures(agree: list[torch.Tensor], gen_from: torch.Tensor) -> dict:
     """Per-step top-1 agreement and the mean leading run of agreeing steps, over anchors whose first predicted
-    token lies in the generated text (positions >= gen_from)."""
+    token lies in the generated text (positions >= gen_from[b] of sequence b)."""
     a = torch.stack(agree, -1)  # [B, n, unroll]
-    a = a[:, max(0, gen_from - 1):]
-    per_step = a.float().mean((0, 1)).tolist()
+    keep = torch.arange(a.shape[1])[None, :] >= (gen_from[:, None] - 1)
+    a = a[keep]  # [anchors, unroll]
+    per_step = a.float().mean(0).tolist()
     lead = torch.cumprod(a.int(), -1).sum(-1).float().mean().item()
     return {"top1_agreement_per_step": [round(x, 4) for x in per_step], "mean_accepted_chain": round(lead, 3),
             "chain_tau": round(1.0 + lead, 3)}
@@ -249,7 +270,7 @@ def train_head(work: Path, variant: str, data: HeadData, r: HeadRecipe, log=prin
     with torch.no_grad():
         ho = slice(ntrain, len(data.seqs))
         _, agree = _losses(head, variant, target, data.seqs[ho], data.last[ho], feats_all[ho], r, draft_ids)
-    figures = chain_figures(agree, data.prompt_len)
+    figures = chain_figures(agree, data.prompt_lens[ho])
     figures.update({"train_loss": float(np.mean(recent[-50:])), "seconds": time.perf_counter() - t0,
                     "params": sum(p.numel() for p in params)})
     if draft_ids is not None:
