@@ -30,8 +30,10 @@ import datetime as _dt
 import re
 import statistics
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle_export.errors import EagleExportError
 from eagle_export.tools.bench import (
@@ -44,19 +46,23 @@ from eagle_export.tools.bench import (
 )
 from eagle_export.tree_params import TreeParams
 
+if TYPE_CHECKING:
+    from eagle_export.manifest import Manifest
+
 # Default grid: from chains (top_k 1) to the wide trees used on GPUs (top_k 8, 60 nodes). Depth 3, 5-7 and
 # total_tokens between the listed values are reached by the refinement around the winner.
 DEFAULT_TOP_K = (1, 2, 4, 8)
 DEFAULT_DEPTH = (2, 4, 8)
 DEFAULT_TOTAL_TOKENS = (4, 8, 16, 32, 60)
 RANKED_BY = "speedup"
+ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
 
 
 class TuneError(EagleExportError):
     """A bad tune request: a malformed list, an empty grid, a report that cannot be written."""
 
 
-def parse_list(text: str | list[int] | tuple[int, ...], option: str, minimum: int) -> tuple[int, ...]:
+def parse_list(text: ValuesArg, option: str, minimum: int) -> tuple[int, ...]:
     """'1,2,4' or '2-5' or '1,3-4' (or a sequence of ints) -> sorted distinct values, each >= minimum."""
     if isinstance(text, str):
         values: list = []
@@ -89,7 +95,8 @@ class Grid:
     total_tokens: tuple[int, ...] = DEFAULT_TOTAL_TOKENS
 
     @classmethod
-    def parse(cls, top_k=None, depth=None, total_tokens=None) -> Grid:
+    def parse(cls, top_k: ValuesArg | None = None, depth: ValuesArg | None = None,
+              total_tokens: ValuesArg | None = None) -> Grid:
         """Lists as given on the command line (None: the default list)."""
         return cls(DEFAULT_TOP_K if top_k is None else parse_list(top_k, "--top-k", 1),
                    DEFAULT_DEPTH if depth is None else parse_list(depth, "--depth", 0),
@@ -255,8 +262,9 @@ def _describe_device(rt) -> str:
 
 
 def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
-         top_k=None, depth=None, total_tokens=None, backend: str = "ort", threads: int | None = None,
-         repeats: int = 1, refine: bool = True, warmup: bool = True, log=None) -> TuneReport:
+         top_k: ValuesArg | None = None, depth: ValuesArg | None = None, total_tokens: ValuesArg | None = None,
+         backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
+         warmup: bool = True, log: Callable[[str], None] | None = None) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
@@ -321,7 +329,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                       dict(skipped), previous, engines_max)
 
 
-def write_winner(artifact: str | Path, report: TuneReport):
+def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
     """Write the report's winner into ARTIFACT's manifest as tree_defaults, with a `tuned` record (atomically).
     Refuses a report with a lossy setting or without a winner. Returns the new Manifest."""
     from eagle_export import __version__
