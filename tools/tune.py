@@ -18,7 +18,7 @@ The search has two stages (see docs/tune.md):
    the engines' verify profile; the others are skipped and counted;
 2. refinement (unless ``refine=False``): around the stage-1 winner, one dimension at a time, the integer
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
-   valid and not measured yet: at most 2 per dimension.
+   valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
 
 Every setting must be lossless (EAGLE's tokens equal no-draft's on every prompt and repeat); a lossy one is
 reported and never chosen, and ``write_winner`` refuses a report holding one.
