@@ -275,5 +275,68 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
             click.echo(f"n-alpha plot: {plot_file}")
 
 
+@main.command("tune")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+              help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens generated per prompt, mode and setting (greedy, EOS ignored).")
+@click.option("--top-k", "top_k", default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")
+@click.option("--depth", default=None, help="depth values [default: 2,4,8].")
+@click.option("--total-tokens", default=None, help="total_tokens values [default: 4,8,16,32,60].")
+@click.option("--no-refine", is_flag=True, help="Measure the grid only (no second stage around the best).")
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs); recorded with the result.")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Passes over the prompts per setting (the medians take them all).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path), default=None,
+              help="Draw speedup versus tree size to this PNG (needs matplotlib).")
+@click.option("--dry-run", is_flag=True, help="Measure and report; leave the manifest as it is.")
+def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
+             repeats, as_json, plot_file, dry_run) -> None:
+    """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
+    tree_defaults (see docs/tune.md).
+
+    Exit status 0 when done, 1 when a setting was lossy (nothing written), 2 on an error in what you give.
+    """
+    from .tools.bench import read_prompts, require_matplotlib
+    from .tools.tune import Grid, plot_speedup, tune, write_winner
+
+    Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything
+    if plot_file is not None:
+        require_matplotlib()
+    prompts = read_prompts(prompts_file) if prompts_file is not None else None
+    log = None if as_json else (lambda msg: click.echo(f"[tune] {msg}", err=True))
+    report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
+                  total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
+                  refine=not no_refine, log=log)
+    written = False
+    if not dry_run and not report.lossy:
+        write_winner(artifact, report)
+        written = True
+    if as_json:
+        out = report.to_dict()
+        out["written"] = written
+        click.echo(json.dumps(out))
+    else:
+        click.echo(report.format())
+        if written:
+            w = report.winner.tree
+            click.echo(f"wrote tree_defaults top_k {w.top_k}, depth {w.depth}, total_tokens {w.total_tokens} "
+                       f"into {Path(artifact) / 'manifest.json'}")
+        elif dry_run:
+            click.echo("dry run: manifest not changed")
+    if plot_file is not None:
+        plot_speedup(report, plot_file)
+        if not as_json:
+            click.echo(f"speedup plot: {plot_file}")
+    if report.lossy:
+        click.echo(f"error: {len(report.lossy)} setting(s) were lossy (EAGLE tokens differ from no-draft): "
+                   "manifest not changed", err=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

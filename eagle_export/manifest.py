@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import contract as C
 from .contract import CONTRACT_VERSION, GraphSpec, spec_from_dict
-from .errors import ManifestError
+from .errors import EagleExportError, ManifestError
 from .tree_params import TreeLimits, TreeParams
 
 MANIFEST_NAME = "manifest.json"
@@ -105,6 +105,34 @@ class EnginesInfo:
 
 
 @dataclass
+class TunedInfo:
+    """How `eagle-export tune` chose ``tree_defaults``: where it measured, what the winner gave, over how much."""
+
+    backend: str
+    threads: int | None
+    device: str
+    tree: dict  # {top_k, depth, total_tokens}: the winner, equal to tree_defaults when written
+    ranked_by: str  # "speedup": median per-prompt EAGLE / no-draft ratio, measured side by side
+    tau: float
+    eagle_tok_s: float
+    no_draft_tok_s: float
+    speedup: float
+    settings: int  # tree settings measured (both stages)
+    prompts: int
+    max_new_tokens: int
+    repeats: int
+    tuned_at: str  # UTC, ISO 8601
+    eagle_export: str  # version that tuned
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TunedInfo:
+        return cls(**d)
+
+
+@dataclass
 class Manifest:
     variant: str
     dtype: str
@@ -117,6 +145,7 @@ class Manifest:
     has_tokenizer: bool
     versions: dict[str, str] = field(default_factory=dict)
     engines: EnginesInfo | None = None  # set by `eagle-export build`; older manifests have none
+    tuned: TunedInfo | None = None  # set by `eagle-export tune`; older manifests have none
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
@@ -135,6 +164,7 @@ class Manifest:
             "has_tokenizer": self.has_tokenizer,
             "versions": self.versions,
             **({"engines": self.engines.to_dict()} if self.engines is not None else {}),
+            **({"tuned": self.tuned.to_dict()} if self.tuned is not None else {}),
         }
 
     def write(self, directory: Path) -> Path:
@@ -157,6 +187,7 @@ class Manifest:
             target=TargetInfo(**d["target"]), draft=DraftInfo(**d["draft"]), graphs=graphs,
             has_tokenizer=bool(d["has_tokenizer"]), versions=dict(d.get("versions", {})),
             engines=EnginesInfo.from_dict(d["engines"]) if d.get("engines") is not None else None,
+            tuned=TunedInfo.from_dict(d["tuned"]) if d.get("tuned") is not None else None,
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
 
@@ -193,6 +224,30 @@ def load_manifest(directory: str | Path) -> Manifest:
     for name, entry in manifest.graphs.items():
         if not (directory / entry.file).is_file():
             raise ManifestError(f"{directory}: graph {name} file {entry.file} is missing")
+    return manifest
+
+
+def set_tree_defaults(directory: str | Path, tree: TreeParams, tuned: TunedInfo | None = None) -> Manifest:
+    """Replace the artifact's ``tree_defaults`` (and its ``tuned`` record) in manifest.json, atomically.
+
+    The file is edited as JSON, not re-serialised from a Manifest, so every other key keeps its value and order
+    (keys this version does not know included). The result is checked like any manifest before the rename."""
+    directory = Path(directory)
+    load_manifest(directory)  # the artifact must be sound before we touch it
+    path = directory / MANIFEST_NAME
+    raw = json.loads(path.read_text())
+    try:
+        tree.validate(TreeLimits(**raw["tree_limits"]))
+    except EagleExportError as e:
+        raise ManifestError(f"{path}: cannot set tree_defaults: {e}") from None
+    raw["tree_defaults"] = tree.to_dict()
+    if tuned is not None:
+        raw["tuned"] = tuned.to_dict()
+    manifest = Manifest.from_dict(raw)
+    check_manifest(manifest, path)
+    tmp = path.with_name(f".{MANIFEST_NAME}.partial")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    os.replace(tmp, path)
     return manifest
 
 

@@ -297,64 +297,128 @@ def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: Tree
                 proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.seconds.get(C.TARGET_GRAPH, 0.0))
 
 
+def check_run_settings(max_new_tokens, threads) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BenchError(f"--max-new-tokens must be >= 1, got {max_new_tokens!r}")
+    if threads is not None and threads < 1:
+        raise BenchError(f"--threads must be >= 1, got {threads}")
+
+
+class PairedSession:
+    """One opened runtime with the timing proxy installed and the prompts resolved to ids: the measuring core
+    shared by ``bench`` and ``tune`` (tools/tune.py).
+
+        with PairedSession(artifact, prompts=None, backend="ort", threads=1) as s:
+            s.warm_up(tree, max_new_tokens)
+            rows = s.measure(tree, max_new_tokens)    # one PromptRow per prompt: EAGLE and no-draft side by side
+
+    ``--threads`` also sets PyTorch's intra-op threads while the session is open (restored on exit).
+    """
+
+    def __init__(self, artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None,
+                 backend: str = "ort", threads: int | None = None):
+        self.artifact = artifact
+        self._prompts = prompts
+        self.backend = backend
+        self.threads = threads
+
+    def __enter__(self) -> PairedSession:
+        import torch
+
+        from eagle_export.runtime import EagleRuntime
+
+        specs = read_prompts(self._prompts) if isinstance(self._prompts, (str, Path)) else self._prompts
+        self._threads_before = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            self.rt = EagleRuntime.open(self.artifact, backend=self.backend, threads=self.threads)
+            if specs is None:
+                specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
+            self.specs: list[PromptSpec] = specs
+            self.prompt_ids = [_prompt_ids(self.rt, s) for s in specs]
+            self._installed = _Installed(self.rt)
+            self.proxy = self._installed.__enter__()
+        except BaseException:
+            torch.set_num_threads(self._threads_before)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        self._installed.__exit__(*exc)
+        torch.set_num_threads(self._threads_before)
+
+    @property
+    def manifest(self):
+        return self.rt.manifest
+
+    def check_tree(self, tree: TreeParams) -> TreeParams:
+        """The tree against the artifact's limits and, where the backend has one (TensorRT), its engines' check."""
+        tree.validate(self.rt.manifest.tree_limits)
+        check = getattr(self.rt.backend, "check_tree", None)
+        if check is not None:
+            check(tree)
+        return tree
+
+    def warm_up(self, tree: TreeParams, max_new_tokens: int) -> None:
+        """One EAGLE and one no-draft generation of the first prompt, not counted."""
+        for use_draft in (True, False):
+            _run_checked(self.rt, self.proxy, self.specs[0], self.prompt_ids[0], max_new_tokens, tree, use_draft)
+
+    def measure(self, tree: TreeParams, max_new_tokens: int, *, parity: int = 0, log=None) -> list[PromptRow]:
+        """For each prompt, one EAGLE and one no-draft generation one right after the other; the order alternates
+        from prompt to prompt (EAGLE first on even ``i + parity``)."""
+        rows = []
+        for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True)):
+            order = (True, False) if (i + parity) % 2 == 0 else (False, True)  # alternate which mode goes first
+            runs = {u: _run_checked(self.rt, self.proxy, spec, ids, max_new_tokens, tree, u) for u in order}
+            e, n = runs[True], runs[False]
+            host = max(e.decode_s - e.draft_s - e.target_s, 0.0)
+            rows.append(PromptRow(
+                spec.source, len(ids), len(e.tokens),
+                (sum(e.accept_lengths) + e.rounds) / e.rounds if e.rounds else 0.0, e.rounds,
+                e.tok_s, n.tok_s, e.tok_s / max(n.tok_s, 1e-12), e.tokens == n.tokens,
+                e.decode_s, e.draft_s, e.target_s, host, e.accept_lengths))
+            if log is not None:
+                log(f"prompt {i + 1}/{len(self.specs)}: tau {rows[-1].tau:.2f}, EAGLE {e.tok_s:.1f} tok/s, "
+                    f"no-draft {n.tok_s:.1f} tok/s")
+        return rows
+
+
+def tau_of(rows: list[PromptRow]) -> float:
+    """Committed tokens per target forward (bonus included) over every EAGLE round of the rows."""
+    acc = [a for r in rows for a in r.accept_lengths]
+    return (sum(acc) + len(acc)) / len(acc) if acc else 0.0
+
+
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
           tree: TreeParams | None = None, top_k: int | None = None, depth: int | None = None,
           total_tokens: int | None = None, backend: str = "ort", threads: int | None = None,
           warmup: bool = True, log=None) -> BenchReport:
     """Run the bench on ARTIFACT; see the module docstring. tree: full tree settings, or top_k/depth/total_tokens
     overriding the artifact's defaults one by one. log: optional callable for progress lines."""
-    import torch
-
-    from eagle_export.runtime import EagleRuntime
-
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise BenchError(f"--max-new-tokens must be >= 1, got {max_new_tokens!r}")
-    if threads is not None and threads < 1:
-        raise BenchError(f"--threads must be >= 1, got {threads}")
-    specs = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    check_run_settings(max_new_tokens, threads)
     say = log or (lambda msg: None)
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        rt = EagleRuntime.open(artifact, backend=backend, threads=threads)
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
         if tree is None:
-            d = rt.manifest.tree_defaults
+            d = s.manifest.tree_defaults
             tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
                               total_tokens if total_tokens is not None else d.total_tokens)
-        tree.validate(rt.manifest.tree_limits)
-        if specs is None:
-            specs = builtin_prompts(rt.tokenizer is not None, rt.manifest.target.vocab_size)
-        prompt_ids = [_prompt_ids(rt, s) for s in specs]
-        with _Installed(rt) as proxy:
-            if warmup:
-                say("warm-up")
-                for use_draft in (True, False):
-                    _run_checked(rt, proxy, specs[0], prompt_ids[0], max_new_tokens, tree, use_draft)
-            rows, all_accepts = [], []
-            for i, (spec, ids) in enumerate(zip(specs, prompt_ids, strict=True)):
-                order = (True, False) if i % 2 == 0 else (False, True)  # alternate which mode goes first
-                runs = {u: _run_checked(rt, proxy, spec, ids, max_new_tokens, tree, u) for u in order}
-                e, n = runs[True], runs[False]
-                all_accepts += e.accept_lengths
-                host = max(e.decode_s - e.draft_s - e.target_s, 0.0)
-                rows.append(PromptRow(
-                    spec.source, len(ids), len(e.tokens),
-                    (sum(e.accept_lengths) + e.rounds) / e.rounds if e.rounds else 0.0, e.rounds,
-                    e.tok_s, n.tok_s, e.tok_s / max(n.tok_s, 1e-12), e.tokens == n.tokens,
-                    e.decode_s, e.draft_s, e.target_s, host, e.accept_lengths))
-                say(f"prompt {i + 1}/{len(specs)}: tau {rows[-1].tau:.2f}, EAGLE {e.tok_s:.1f} tok/s, "
-                    f"no-draft {n.tok_s:.1f} tok/s")
-    finally:
-        torch.set_num_threads(before)
-    rounds = len(all_accepts)
+        tree.validate(s.manifest.tree_limits)
+        if warmup:
+            say("warm-up")
+            s.warm_up(tree, max_new_tokens)
+        rows = s.measure(tree, max_new_tokens, log=say)
+    all_accepts = [a for r in rows for a in r.accept_lengths]
     decode = sum(r.decode_s for r in rows)
     parts = {"draft": sum(r.draft_s for r in rows), "target": sum(r.target_s for r in rows),
              "host": sum(r.host_s for r in rows)}
     split = {k: (v / decode if decode > 0 else 0.0) for k, v in parts.items()}
     return BenchReport(
         artifact=str(artifact), backend=backend, threads=threads, max_new_tokens=max_new_tokens, tree=tree, rows=rows,
-        tau=(sum(all_accepts) + rounds) / rounds if rounds else 0.0,
+        tau=tau_of(rows),
         n_alpha=n_alpha(all_accepts, tree.depth + 1),
         eagle_tok_s=statistics.median(r.eagle_tok_s for r in rows),
         no_draft_tok_s=statistics.median(r.no_draft_tok_s for r in rows),

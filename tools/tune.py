@@ -1,0 +1,390 @@
+"""`eagle-export tune`: measure EAGLE over a grid of tree settings on this backend and machine, pick the best.
+
+    from eagle_export.tools.tune import tune, write_winner
+    report = tune("artifacts/tiny", max_new_tokens=32, threads=1)
+    print(report.format())            # or json.dumps(report.to_dict())
+    write_winner("artifacts/tiny", report)   # tree_defaults <- the winner, plus a `tuned` record
+
+It runs on bench's measuring core (tools/bench.py ``PairedSession``): one runtime, opened once, with the timing
+proxy; for every tree setting and every prompt one greedy EAGLE generation and one greedy no-draft generation run
+one right after the other (alternating which goes first), EOS ignored. So each setting's speedup is a median of
+side-by-side ratios, comparable across settings measured minutes apart on a drifting machine, while absolute
+tokens/s are not. Settings are ranked by that speedup (ties: EAGLE tokens/s).
+
+The search has two stages (see docs/tune.md):
+
+1. the grid: every (top_k, depth, total_tokens) of the given lists that is a valid tree (``TreeParams.validate``:
+   total_tokens at most top_k + depth * top_k^2), within the artifact's tree limits and, on TensorRT, within
+   the engines' verify profile; the others are skipped and counted;
+2. refinement (unless ``refine=False``): around the stage-1 winner, one dimension at a time, the integer
+   midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
+   valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
+
+Every setting must be lossless (EAGLE's tokens equal no-draft's on every prompt and repeat); a lossy one is
+reported and never chosen, and ``write_winner`` refuses a report holding one.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import statistics
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from eagle_export.errors import EagleExportError
+from eagle_export.tools.bench import (
+    PairedSession,
+    PromptRow,
+    PromptSpec,
+    check_run_settings,
+    require_matplotlib,
+    tau_of,
+)
+from eagle_export.tree_params import TreeParams
+
+if TYPE_CHECKING:
+    from eagle_export.manifest import Manifest
+
+# Default grid: from chains (top_k 1) to the wide trees used on GPUs (top_k 8, 60 nodes). Depth 3, 5-7 and
+# total_tokens between the listed values are reached by the refinement around the winner.
+DEFAULT_TOP_K = (1, 2, 4, 8)
+DEFAULT_DEPTH = (2, 4, 8)
+DEFAULT_TOTAL_TOKENS = (4, 8, 16, 32, 60)
+RANKED_BY = "speedup"
+ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
+
+
+class TuneError(EagleExportError):
+    """A bad tune request: a malformed list, an empty grid, a report that cannot be written."""
+
+
+def parse_list(text: ValuesArg, option: str, minimum: int) -> tuple[int, ...]:
+    """'1,2,4' or '2-5' or '1,3-4' (or a sequence of ints) -> sorted distinct values, each >= minimum."""
+    if isinstance(text, str):
+        values: list = []
+        for part in text.replace(" ", "").split(","):
+            m = re.fullmatch(r"(\d+)-(\d+)", part)
+            if m:
+                lo, hi = int(m[1]), int(m[2])
+                if lo > hi:
+                    raise TuneError(f"{option}: the range {part!r} is empty (write LOW-HIGH)")
+                values += range(lo, hi + 1)
+                continue
+            try:
+                values.append(int(part))
+            except ValueError:
+                raise TuneError(f"{option} must be comma-separated integers or ranges like 2-5, got {text!r}") from None
+    else:
+        values = list(text)
+    if not values:
+        raise TuneError(f"{option} is empty: give at least one value")
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+            raise TuneError(f"{option} values must be integers >= {minimum}, got {v!r}")
+    return tuple(sorted(set(values)))
+
+
+@dataclass(frozen=True)
+class Grid:
+    top_k: tuple[int, ...] = DEFAULT_TOP_K
+    depth: tuple[int, ...] = DEFAULT_DEPTH
+    total_tokens: tuple[int, ...] = DEFAULT_TOTAL_TOKENS
+
+    @classmethod
+    def parse(cls, top_k: ValuesArg | None = None, depth: ValuesArg | None = None,
+              total_tokens: ValuesArg | None = None) -> Grid:
+        """Lists as given on the command line (None: the default list)."""
+        return cls(DEFAULT_TOP_K if top_k is None else parse_list(top_k, "--top-k", 1),
+                   DEFAULT_DEPTH if depth is None else parse_list(depth, "--depth", 0),
+                   DEFAULT_TOTAL_TOKENS if total_tokens is None else parse_list(total_tokens, "--total-tokens", 1))
+
+    def settings(self) -> list[TreeParams]:
+        return [TreeParams(k, d, n) for k in self.top_k for d in self.depth for n in self.total_tokens]
+
+    def to_dict(self) -> dict:
+        return {"top_k": list(self.top_k), "depth": list(self.depth), "total_tokens": list(self.total_tokens)}
+
+
+def admissible(tree: TreeParams, session: PairedSession) -> str | None:
+    """None when the tree can run on the session's artifact and backend, else why not (a short reason)."""
+    if tree.total_tokens > tree.max_candidates:
+        return "total_tokens > top_k + depth*top_k^2"
+    limits = session.manifest.tree_limits
+    if (tree.top_k > limits.max_top_k or tree.depth > limits.max_depth
+            or tree.total_tokens > limits.max_total_tokens):
+        return "above the artifact's tree limits"
+    try:
+        session.check_tree(tree)
+    except EagleExportError:
+        return "does not fit the engines"
+    return None
+
+
+def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: PairedSession) -> list[TreeParams]:
+    """Stage 2: around BEST, one dimension at a time, the midpoints to its neighbours in the grid's list (and half
+    the smallest value when BEST is on it), valid and not measured yet."""
+    out: list[TreeParams] = []
+    for name, values, low in (("top_k", grid.top_k, 1), ("depth", grid.depth, 0),
+                              ("total_tokens", grid.total_tokens, 1)):
+        v = getattr(best, name)
+        i = values.index(v)
+        cands = []
+        if i > 0:
+            cands.append((values[i - 1] + v) // 2)
+        elif len(values) > 1 and v // 2 >= low:
+            cands.append(v // 2)
+        if i + 1 < len(values):
+            cands.append((v + values[i + 1]) // 2)
+        for c in cands:
+            t = TreeParams(**{**best.to_dict(), name: c})
+            if c != v and t not in done and t not in out and admissible(t, session) is None:
+                out.append(t)
+    return out
+
+
+@dataclass
+class SettingRow:
+    tree: TreeParams
+    stage: str  # "grid" or "refine"
+    tau: float
+    eagle_tok_s: float  # median over prompts x repeats
+    no_draft_tok_s: float
+    speedup: float  # median of the side-by-side ratios
+    lossless: bool
+    runs: int  # EAGLE/no-draft pairs measured
+    lossy_prompts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"tree": self.tree.to_dict(), "stage": self.stage, "tau": self.tau, "eagle_tok_s": self.eagle_tok_s,
+                "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
+                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts)}
+
+    def label(self) -> str:
+        t = self.tree
+        return f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
+
+
+def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow]) -> SettingRow:
+    return SettingRow(tree, stage, tau_of(rows), statistics.median(r.eagle_tok_s for r in rows),
+                      statistics.median(r.no_draft_tok_s for r in rows), statistics.median(r.speedup for r in rows),
+                      all(r.lossless for r in rows), len(rows),
+                      sorted({r.source for r in rows if not r.lossless}))
+
+
+def _rank_key(r: SettingRow):
+    return (-r.speedup, -r.eagle_tok_s)
+
+
+@dataclass
+class TuneReport:
+    artifact: str
+    backend: str
+    device: str
+    threads: int | None
+    max_new_tokens: int
+    repeats: int
+    prompts: int
+    grid: Grid
+    refine: bool
+    rows: list[SettingRow]  # in rank order: best first (lossy rows last)
+    skipped: dict[str, int]  # reason -> grid combinations skipped
+    previous: TreeParams  # tree_defaults before the run
+    engines_max_tree_tokens: int | None = None  # the artifact's TensorRT engines' verify limit, if built
+
+    @property
+    def lossy(self) -> list[SettingRow]:
+        return [r for r in self.rows if not r.lossless]
+
+    @property
+    def winner(self) -> SettingRow | None:
+        ok = [r for r in self.rows if r.lossless]
+        return ok[0] if ok else None
+
+    def to_dict(self) -> dict:
+        w = self.winner
+        return {"artifact": self.artifact, "backend": self.backend, "device": self.device, "threads": self.threads,
+                "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "prompts": self.prompts,
+                "greedy": True, "stop_on_eos": False, "ranked_by": RANKED_BY, "grid": self.grid.to_dict(),
+                "refine": self.refine, "skipped": dict(self.skipped), "settings": [r.to_dict() for r in self.rows],
+                "lossless": not self.lossy, "previous": self.previous.to_dict(),
+                "winner": None if w is None else w.to_dict()}
+
+    def format(self) -> str:
+        head = f"{'#':>3}  {'top_k':>5}  {'depth':>5}  {'total':>5}  {'stage':>6}  {'tau':>5}  " \
+               f"{'eagle tok/s':>11}  {'no-draft tok/s':>14}  {'speedup':>7}  lossless"
+        lines = [f"tune {self.artifact} (backend {self.backend} on {self.device}, threads {self.threads or 'default'}; "
+                 f"{self.prompts} prompts x {self.repeats} repeat(s), {self.max_new_tokens} new tokens, greedy, "
+                 "EOS ignored)", "ranked by speedup: median of per-prompt EAGLE / no-draft ratios, each pair "
+                 "measured side by side", "", head, "-" * len(head)]
+        for i, r in enumerate(self.rows, 1):
+            t = r.tree
+            lines.append(f"{i:>3}  {t.top_k:>5}  {t.depth:>5}  {t.total_tokens:>5}  {r.stage:>6}  {r.tau:>5.2f}  "
+                         f"{r.eagle_tok_s:>11.1f}  {r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  "
+                         f"{'yes' if r.lossless else 'NO'}")
+        lines.append("")
+        if self.skipped:
+            lines.append("skipped grid combinations: " + "; ".join(f"{n} ({why})" for why, n in self.skipped.items()))
+        w = self.winner
+        if w is not None:
+            lines.append(f"winner: {w.label()}: speedup {w.speedup:.2f}x, tau {w.tau:.2f}, EAGLE {w.eagle_tok_s:.1f} "
+                         f"tok/s, no-draft {w.no_draft_tok_s:.1f} tok/s (previous default: top_k "
+                         f"{self.previous.top_k}, depth {self.previous.depth}, total_tokens "
+                         f"{self.previous.total_tokens})")
+            if w.speedup < 1:
+                lines.append("note: even the winner is slower than no-draft decoding here")
+            lim = self.engines_max_tree_tokens
+            if self.backend != "tensorrt" and lim is not None and w.tree.verify_tokens > lim:
+                lines.append(f"note: the winner verifies {w.tree.verify_tokens} tokens per round, more than this "
+                             f"artifact's TensorRT engines take ({lim}): with it as the default, `--backend tensorrt` "
+                             "needs explicit tree settings (or tune there, or rebuild with a larger --max-tree-tokens)")
+        for r in self.lossy:
+            lines.append(f"LOSSY: {r.label()}: EAGLE tokens differ from no-draft on {', '.join(r.lossy_prompts)}")
+        return "\n".join(lines)
+
+
+def _describe_device(rt) -> str:
+    import os
+    import platform
+
+    dev = str(getattr(rt.backend, "device", "cpu"))
+    if dev.startswith("cuda"):
+        try:
+            import torch
+
+            return f"{dev} ({torch.cuda.get_device_name(dev)})"
+        except Exception:  # the name is informational only
+            return dev
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
+         top_k: ValuesArg | None = None, depth: ValuesArg | None = None, total_tokens: ValuesArg | None = None,
+         backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
+         warmup: bool = True, log: Callable[[str], None] | None = None) -> TuneReport:
+    """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
+
+    top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
+    log: optional callable for progress lines."""
+    check_run_settings(max_new_tokens, threads)
+    if not isinstance(repeats, int) or repeats < 1:
+        raise TuneError(f"--repeats must be >= 1, got {repeats!r}")
+    grid = Grid.parse(top_k, depth, total_tokens)
+    say = log or (lambda msg: None)
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
+        skipped: Counter[str] = Counter()
+        todo = []
+        for t in grid.settings():
+            why = admissible(t, s)
+            if why is None:
+                todo.append(t)
+            else:
+                skipped[why] += 1
+        if not todo:
+            lim = s.manifest.tree_limits
+            raise TuneError(
+                f"no setting of the grid can run (top_k {list(grid.top_k)}, depth {list(grid.depth)}, total_tokens "
+                f"{list(grid.total_tokens)}): " + "; ".join(f"{n} {why}" for why, n in skipped.items())
+                + f" (artifact limits: top_k <= {lim.max_top_k}, depth <= {lim.max_depth}, total_tokens <= "
+                f"{lim.max_total_tokens})")
+        say(f"{len(todo)} settings to measure ({sum(skipped.values())} of the grid's {len(grid.settings())} skipped)"
+            + (", then up to 6 around the best" if refine else "")
+            + f"; each: {len(s.specs)} prompts x {repeats} repeat(s), EAGLE and no-draft side by side")
+        if warmup:
+            say("warm-up")
+            s.warm_up(todo[0], max_new_tokens)
+        rows: list[SettingRow] = []
+        parity = 0
+
+        def run(stage: str, trees: list[TreeParams], start: int, total: int | None) -> None:
+            nonlocal parity
+            for j, t in enumerate(trees, start):
+                measured: list[PromptRow] = []
+                for _ in range(repeats):
+                    measured += s.measure(t, max_new_tokens, parity=parity)
+                    parity += len(s.specs)
+                rows.append(_summarise(t, stage, measured))
+                r = rows[-1]
+                say(f"[{j}/{total or len(trees)}] {stage} {r.label()}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, "
+                    f"EAGLE {r.eagle_tok_s:.1f} tok/s" + ("" if r.lossless else "  LOSSY"))
+
+        run("grid", todo, 1, len(todo))
+        if refine:
+            ok = sorted((r for r in rows if r.lossless), key=_rank_key)
+            if ok:
+                extra = refinements(ok[0].tree, grid, {r.tree for r in rows}, s)
+                if extra:
+                    say(f"refining around {ok[0].label()}: {len(extra)} more settings")
+                    run("refine", extra, 1, len(extra))
+        device = _describe_device(s.rt)
+        previous = s.manifest.tree_defaults
+        n_prompts = len(s.specs)
+        eng = s.manifest.engines
+        engines_max = int(eng.options["max_tree_tokens"]) if eng is not None else None
+    rows.sort(key=lambda r: (not r.lossless, *_rank_key(r)))
+    return TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine, rows,
+                      dict(skipped), previous, engines_max)
+
+
+def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
+    """Write the report's winner into ARTIFACT's manifest as tree_defaults, with a `tuned` record (atomically).
+    Refuses a report with a lossy setting or without a winner. Returns the new Manifest."""
+    from eagle_export import __version__
+    from eagle_export.manifest import TunedInfo, set_tree_defaults
+
+    if report.lossy:
+        raise TuneError(f"not writing tree_defaults: {len(report.lossy)} setting(s) were lossy ("
+                        + "; ".join(r.label() for r in report.lossy) + "): EAGLE must equal no-draft decoding")
+    w = report.winner
+    if w is None:
+        raise TuneError("not writing tree_defaults: no setting was measured")
+    tuned = TunedInfo(
+        backend=report.backend, threads=report.threads, device=report.device, tree=w.tree.to_dict(),
+        ranked_by=RANKED_BY, tau=w.tau, eagle_tok_s=w.eagle_tok_s, no_draft_tok_s=w.no_draft_tok_s,
+        speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
+        repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        eagle_export=__version__)
+    return set_tree_defaults(artifact, w.tree, tuned)
+
+
+def plot_speedup(report: TuneReport, path: str | Path) -> Path:
+    """Speedup versus tree size (draft nodes per round), one series per top_k (the best depth at each size)."""
+    from eagle_export.tools.bench import BenchError
+
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in sorted({r.tree.top_k for r in report.rows}):
+        best: dict[int, SettingRow] = {}
+        for r in report.rows:
+            if r.tree.top_k == k and r.lossless and (r.tree.total_tokens not in best
+                                                      or r.speedup > best[r.tree.total_tokens].speedup):
+                best[r.tree.total_tokens] = r
+        xs = sorted(best)
+        if xs:
+            ax.plot(xs, [best[x].speedup for x in xs], marker="o", label=f"top_k {k}")
+    w = report.winner
+    if w is not None:
+        ax.scatter([w.tree.total_tokens], [w.speedup], s=160, facecolors="none", edgecolors="black",
+                   label=f"winner (depth {w.tree.depth})", zorder=3)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r.tree.total_tokens for r in report.rows})
+    ax.set_xticks(sizes, [str(x) for x in sizes])
+    ax.minorticks_off()
+    ax.set_xlabel("total_tokens (draft nodes per round)")
+    ax.set_ylabel("speedup vs no-draft (best depth)")
+    ax.set_title(f"tune: {report.backend} on {report.device}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise BenchError(f"cannot write the plot {path}: {e}") from None
+    finally:
+        plt.close(fig)
+    return path
