@@ -15,55 +15,71 @@ from torch import nn
 MASK_MIN = torch.finfo(torch.float32).min
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, position_ids: torch.Tensor, head_dim: int):
+    """cos and sign-folded sin, [B, T, 1, hd], computed once per graph and shared by every layer.
+
+    rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2) exactly (negation is exact), so each
+    layer rotates with one split and one concat, and the sign is folded into sin here once.
+    """
+    cos, sin = rotary_emb(x, position_ids)
+    s1, s2 = sin.split([head_dim // 2, head_dim // 2], dim=-1)
+    return cos.unsqueeze(2), torch.cat((-s1, s2), dim=-1).unsqueeze(2)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, heads, hd]; cos/sin: [B, T, hd]."""
-    cos = cos.unsqueeze(2)
-    sin = sin.unsqueeze(2)
-    return x * cos + rotate_half(x) * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """x: [B, T, heads, hd]; cos/sin_signed from ``rope_tables``. Same values as HF's x*cos + rotate_half(x)*sin.
+
+    head_dim is given as a Python int (not read from x) so the trace splits with constant sizes.
+    """
+    x1, x2 = x.split([head_dim // 2, head_dim // 2], dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * sin_signed
 
 
-def mask_bias(attention_mask: torch.Tensor) -> torch.Tensor:
-    """bool [B, T, S] -> additive float32 bias [B, T, S]."""
+def mask_bias(attention_mask: torch.Tensor, group: int) -> torch.Tensor:
+    """bool [B, T, S] -> additive float32 bias [B, 1, group*T, S], rows in the grouped query order (g*T + t).
+
+    Computed once per graph; every layer adds it to its scores as they are.
+    """
     zero = torch.zeros((), dtype=torch.float32)
-    return torch.where(attention_mask, zero, torch.full((), MASK_MIN, dtype=torch.float32))
+    bias = torch.where(attention_mask, zero, torch.full((), MASK_MIN, dtype=torch.float32))
+    return bias.unsqueeze(1).repeat(1, 1, group, 1)
 
 
-def tree_attention(attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   bias: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor):
+def kv_group(attn: nn.Module) -> int:
+    """Query heads per KV head of a Hugging Face attention module."""
+    return attn.q_proj.out_features // attn.k_proj.out_features
+
+
+def tree_attention(attn: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                   bias: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, bsz, seq, past_len):
     """Attention of T new tokens over [past rows | new rows] with an explicit mask.
 
     attn: a Hugging Face attention module (q/k/v/o projections, optional q_norm/k_norm).
+    rope: ``rope_tables``; bias: ``mask_bias``; bsz, seq, past_len: the graph's dynamic sizes,
+    read once from its inputs and passed to every layer, so the traced shape arithmetic is the
+    same nodes in every layer (ONNX Runtime merges them); head counts are Python ints (constants).
     Returns (output [B, T, H_out], new K [B, T, nKV, hd], new V [B, T, nKV, hd]).
     """
-    bsz, seq = x.shape[0], x.shape[1]
     hd = attn.head_dim
-    q = attn.q_proj(x).view(bsz, seq, -1, hd)
-    k = attn.k_proj(x).view(bsz, seq, -1, hd)
-    v = attn.v_proj(x).view(bsz, seq, -1, hd)
+    n_heads, n_kv = attn.q_proj.out_features // hd, attn.k_proj.out_features // hd
+    q = attn.q_proj(x).view(bsz, seq, n_heads, hd)
+    k = attn.k_proj(x).view(bsz, seq, n_kv, hd)
+    v = attn.v_proj(x).view(bsz, seq, n_kv, hd)
     if getattr(attn, "q_norm", None) is not None:
         q = attn.q_norm(q)
         k = attn.k_norm(k)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
-    n_heads, n_kv = q.shape[2], k.shape[2]
-    group = n_heads // n_kv
-    # Group query heads by their KV head: [B, nKV, group*T, hd]; no K/V repeat.
-    qg = q.view(bsz, seq, n_kv, group, hd).permute(0, 2, 3, 1, 4).reshape(bsz, n_kv, group * seq, hd)
+    q = apply_rope(q, *rope, hd)
+    k = apply_rope(k, *rope, hd)
+    # Group query heads by their KV head: [B, nH, T, hd] is [B, nKV, group, T, hd], viewed as
+    # [B, nKV, group*T, hd] (row g*T + t); no K/V repeat.
+    qg = q.transpose(1, 2).reshape(bsz, n_kv, -1, hd)
     s_past = torch.matmul(qg, past_k.permute(0, 2, 3, 1))
     s_new = torch.matmul(qg, k.permute(0, 2, 3, 1))
-    scores = torch.cat((s_past, s_new), dim=-1).float() * attn.scaling
-    total = scores.shape[-1]
-    scores = scores.view(bsz, n_kv, group, seq, total) + bias[:, None, None]
-    probs = torch.softmax(scores, dim=-1).to(x.dtype).view(bsz, n_kv, group * seq, total)
-    past_len = past_k.shape[1]
-    out = torch.matmul(probs[..., :past_len], past_v.permute(0, 2, 1, 3))
-    out = out + torch.matmul(probs[..., past_len:], v.permute(0, 2, 1, 3))
-    out = out.view(bsz, n_kv, group, seq, hd).permute(0, 3, 1, 2, 4).reshape(bsz, seq, n_heads * hd)
+    scores = torch.cat((s_past, s_new), dim=-1).float() * attn.scaling + bias
+    probs = torch.softmax(scores, dim=-1).to(x.dtype)
+    out = torch.matmul(probs[..., :past_len], past_v.transpose(1, 2))
+    out = out + torch.matmul(probs[..., past_len:], v.transpose(1, 2))
+    out = out.view(bsz, n_heads, -1, hd).transpose(1, 2).reshape(bsz, -1, n_heads * hd)
     return attn.o_proj(out), k, v
 
 
@@ -91,16 +107,20 @@ class TargetVerify(nn.Module):
                 raise ValueError(f"feature_layers {self.feature_layers} must be distinct layer indices in [0, {n})")
 
     def forward(self, input_ids, position_ids, attention_mask, logit_indices, *past):
+        # Sizes, rotary tables and mask bias once per graph, shared by every layer.
+        bsz, seq = input_ids.shape
+        past_len = past[0].shape[1]
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(h, position_ids)
-        bias = mask_bias(attention_mask)
+        attn0 = self.layers[0].self_attn
+        rope = rope_tables(self.rotary_emb, h, position_ids, attn0.head_dim)
+        bias = mask_bias(attention_mask, kv_group(attn0))
         presents = []
         taps = {}
         for i, layer in enumerate(self.layers):
             if self.feature_layers is not None and i in self.feature_layers:
                 taps[i] = h
-            a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, bias,
-                                     past[2 * i], past[2 * i + 1])
+            a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, bias,
+                                     past[2 * i], past[2 * i + 1], bsz, seq, past_len)
             h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             presents += [k, v]
@@ -144,9 +164,11 @@ class Eagle1Head(nn.Module):
         f = torch.cat((features, hidden_in), dim=1)
         emb = self.embed_tokens(input_ids).to(f.dtype)
         x = self.fc(torch.cat((emb, f), dim=-1))
-        cos, sin = self.rotary_emb(x, position_ids)
         layer = self.layers[0]
-        a, k, v = tree_attention(layer.self_attn, x, cos, sin, mask_bias(attention_mask), past_k, past_v)
+        attn = layer.self_attn
+        rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
+        bias = mask_bias(attention_mask, kv_group(attn))
+        a, k, v = tree_attention(attn, x, rope, bias, past_k, past_v, *input_ids.shape, past_k.shape[1])
         h = x + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h, k, v
@@ -205,8 +227,10 @@ class Eagle3Head(nn.Module):
         layer = self.midlayer
         emb = self.embed_tokens(input_ids).to(h.dtype)
         x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), dim=-1)
-        cos, sin = self.rotary_emb(h, position_ids)
-        a, k, v = tree_attention(layer.self_attn, x, cos, sin, mask_bias(attention_mask), past_k, past_v)
+        attn = layer.self_attn
+        rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
+        bias = mask_bias(attention_mask, kv_group(attn))
+        a, k, v = tree_attention(attn, x, rope, bias, past_k, past_v, *input_ids.shape, past_k.shape[1])
         g = h + a
         g = g + layer.mlp(layer.post_attention_layernorm(g))
         return g, k, v

@@ -104,11 +104,43 @@ class Generator:
         self.dhidden = torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev)
         self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)  # context passes
         self.dhidden_in = torch.zeros(1, lim.max_top_k, d.hidden_size, dtype=dtype, device=dev)  # tree levels
+        # On the CPU the loop reads and fills these buffers through numpy views made here once (same memory, no
+        # torch call per access); from a GPU it copies to the host only the rows it reads (numpy has no bf16).
+        self._np = None
+        if torch.device(dev).type == "cpu" and dtype != torch.bfloat16:
+            self._np = {name: getattr(self, name).numpy()
+                        for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
         self._warned_draft_limit = False
         mask_elems = max(t_rows * (self.tcache.capacity + t_rows), d_rows * (self.dcache.capacity + d_rows))
         self._mask = np.zeros(mask_elems, dtype=np.bool_)
         self.eos = set(t.eos_token_ids)
+        self._names = {g: (C.past_names(n), C.present_names(n)) for g, n in ((C.TARGET_GRAPH, t.num_layers),
+                                                                             (C.DRAFT_GRAPH, 1))}
         self.vocab = t.vocab_size
+
+    # ---- host access to the buffers ----------------------------------------------------------
+    def _topk(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """The draft's top-k log-probs and ids at output row(s) ``rows`` (an int or a slice), as host arrays."""
+        if self._np is not None:
+            return self._np["dvals"][0, rows], self._np["dids"][0, rows]
+        return self.dvals[0, rows].cpu().numpy(), self.dids[0, rows].cpu().numpy()
+
+    def _argmax(self, rows: int) -> np.ndarray:
+        """The target's argmax over each of the first ``rows`` logits rows (the first maximum on ties)."""
+        if self._np is not None:
+            return self._np["logits"][0, :rows].argmax(-1)
+        return self.logits[0, :rows].argmax(-1).cpu().numpy()
+
+    def _logits_row(self, i: int) -> np.ndarray:
+        return self._np["logits"][0, i] if self._np is not None else self.logits[0, i].cpu().numpy()
+
+    def _gather(self, dst: str, src: str, rows: np.ndarray) -> None:
+        """Buffer ``dst`` rows [0, len(rows)) = buffer ``src`` rows ``rows`` (batch row 0)."""
+        if self._np is not None:
+            self._np[dst][0, :len(rows)] = self._np[src][0, rows]
+        else:
+            s = getattr(self, src)
+            getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
 
     # ---- graph calls -------------------------------------------------------------------------
     def _mask_view(self, new: int, past: int) -> np.ndarray:
@@ -125,9 +157,10 @@ class Generator:
         n = ids.shape[1]
         r = rows.shape[1]
         inputs = {C.INPUT_IDS: ids, C.POSITION_IDS: pos, C.ATTENTION_MASK: mask, C.LOGIT_INDICES: rows}
-        inputs.update(zip(C.past_names(self.m.target.num_layers), self.tcache.past(past), strict=True))
+        past_names, present_names = self._names[C.TARGET_GRAPH]
+        inputs.update(zip(past_names, self.tcache.past(past), strict=True))
         outputs = {C.LOGITS: self.logits[:, :r], C.FEATURES: self.tfeats[:, :n]}
-        outputs.update(zip(C.present_names(self.m.target.num_layers), self.tcache.rows(past, n), strict=True))
+        outputs.update(zip(present_names, self.tcache.rows(past, n), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
     def _run_draft(self, ids: np.ndarray, feats: torch.Tensor, hidden: torch.Tensor, pos: np.ndarray,
@@ -136,25 +169,29 @@ class Generator:
         n = ids.shape[1]
         inputs = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: feats, C.HIDDEN_IN: hidden, C.POSITION_IDS: pos,
                   C.ATTENTION_MASK: mask}
-        inputs.update(zip(C.past_names(1), self.dcache.past(past), strict=True))
+        past_names, present_names = self._names[C.DRAFT_GRAPH]
+        inputs.update(zip(past_names, self.dcache.past(past), strict=True))
         outputs = {C.TOPK_LOGPROBS: self.dvals[:, :n], C.TOPK_IDS: self.dids[:, :n], C.HIDDEN: self.dhidden[:, :n]}
-        outputs.update(zip(C.present_names(1), self.dcache.rows(past, n), strict=True))
+        outputs.update(zip(present_names, self.dcache.rows(past, n), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self.stats.draft_forwards += 1
         self._last_row = n - 1
         limit = self.m.draft.max_position_embeddings
-        if self.stats.draft_beyond_position_limit is None and int(pos.max()) >= limit:
-            self.stats.draft_beyond_position_limit = int(pos.max())
+        last = int(pos[0, -1])  # positions never decrease along a call
+        if self.stats.draft_beyond_position_limit is None and last >= limit:
+            self.stats.draft_beyond_position_limit = last
             if not self._warned_draft_limit:
                 self._warned_draft_limit = True
                 log.warning("the draft head ran at position %d, past its max_position_embeddings %d: output stays "
-                            "lossless, but acceptance may drop (the head was not trained there)",
-                            int(pos.max()), limit)
+                            "lossless, but acceptance may drop (the head was not trained there)", last, limit)
 
-    def _draft_context(self, tokens: np.ndarray, feats: torch.Tensor, start: int) -> None:
-        """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..)."""
+    def _draft_context(self, tokens: np.ndarray, feature_rows: np.ndarray, start: int) -> None:
+        """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..).
+
+        feature_rows: the rows of the target's last ``features`` output that hold feature_j, in order.
+        """
         n = len(tokens)
-        self.dfeats_in[:, :n].copy_(feats)
+        self._gather("dfeats_in", "tfeats", feature_rows)
         self._run_draft(tokens.reshape(1, n), self.dfeats_in[:, :n], self.dhidden_in[:, :0],
                         np.arange(start, start + n, dtype=np.int64).reshape(1, n), self._causal_mask(n, start), start)
 
@@ -206,15 +243,14 @@ class Generator:
     def _next_token(self, sampler: _Sampler | None) -> int:
         """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
         if sampler is None:
-            return int(self.logits[0, 0].argmax())
-        return sample_token(process_logits(self.logits[0, 0].cpu().numpy(), sampler.params), sampler.rng)
+            return int(self._argmax(1)[0])
+        return sample_token(process_logits(self._logits_row(0), sampler.params), sampler.rng)
 
     def _accept(self, vt, sampler: _Sampler | None):
         T = vt.num_nodes
         if sampler is None:
-            return accept_greedy(vt, self.logits[0, :T].argmax(-1).cpu().numpy())
-        rows = self.logits[0]
-        return accept_sampling(vt, LazyProbs(lambda i: rows[i].cpu().numpy(), T, sampler.params), sampler.rng)
+            return accept_greedy(vt, self._argmax(T))
+        return accept_sampling(vt, LazyProbs(self._logits_row, T, sampler.params), sampler.rng)
 
     def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
               sampler: _Sampler | None, on_round=None):
@@ -254,7 +290,7 @@ class Generator:
                 root = self._next_token(sampler)
             if use_draft:
                 nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
-                self._draft_context(nxt.astype(np.int64), self.tfeats[:, :c], s)
+                self._draft_context(nxt.astype(np.int64), np.arange(c), s)
         stats.prefill_s = time.perf_counter() - t0
         L = n  # committed target cache rows
         new, reason = emit([root])
@@ -281,24 +317,22 @@ class Generator:
 
             grower = TreeGrower(tree)
             k = tree.top_k
-            dev = self.logits.device
             while True:
                 # Grow the tree. The last context row's top-k are the root's children.
                 grower.reset()
                 ctx = self._last_row  # the context pass's last row predicts the root's children
-                frontier = grower.add_root_children(self.dvals[0, ctx].cpu().numpy(), self.dids[0, ctx].cpu().numpy())
+                frontier = grower.add_root_children(*self._topk(ctx))
                 Ld = L  # draft committed rows equal target committed rows
                 for level in range(1, tree.depth + 1):
                     fed = frontier.fed
                     past = Ld + fed
-                    src = self.dhidden[0, torch.from_numpy(frontier.parent_rows + (ctx if level == 1 else 0)).to(dev)]
-                    self.dhidden_in[0, :k].copy_(src)
+                    self._gather("dhidden_in", "dhidden", frontier.parent_rows + (ctx if level == 1 else 0))
                     mask = self._mask_view(k, past)
                     mask[0, :, :Ld] = True
                     mask[0, :, Ld:] = frontier.tree_mask
                     self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :0], self.dhidden_in[:, :k],
                                     np.full((1, k), Ld + level - 1, dtype=np.int64), mask, past)
-                    frontier = grower.add_children(self.dvals[0, :k].cpu().numpy(), self.dids[0, :k].cpu().numpy())
+                    frontier = grower.add_children(*self._topk(slice(0, k)))
                 vt = grower.select(tree.total_tokens, root)
                 T = vt.num_nodes
                 # Verify the whole tree in one target forward.
@@ -321,8 +355,7 @@ class Generator:
                 if reason is not None:
                     return GenerationResult(out, reason, stats, n)
                 # Draft context for the committed rows: (feature of root/accepted node, next token).
-                feats = self.tfeats[0, torch.from_numpy(acc.indices).to(dev)].unsqueeze(0)
-                self._draft_context(np.asarray(tokens, dtype=np.int64), feats, L)
+                self._draft_context(np.asarray(tokens, dtype=np.int64), acc.indices, L)
                 L += m
                 root = tokens[-1]
         finally:

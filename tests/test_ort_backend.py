@@ -1,0 +1,81 @@
+"""OrtGraph keeps IO bindings between runs and rebinds a name only when its address, type or shape changed."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from eagle_export.runtime.ort_backend import OrtGraph
+
+
+@pytest.fixture()
+def graph(tmp_path):
+    """z = x + y over float32 [n]."""
+    x, y, z = (helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n"]) for n in "xyz")
+    model = helper.make_model(helper.make_graph([helper.make_node("Add", ["x", "y"], ["z"])], "add", [x, y], [z]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "add.onnx"
+    onnx.save(model, str(path))
+    return OrtGraph(path, ["CPUExecutionProvider"], threads=1)
+
+
+def count_binds(graph, monkeypatch) -> list[str]:
+    calls = []
+    for method in ("bind_input", "bind_output"):
+        real = getattr(graph.binding, method)
+
+        def counted(name, *args, _real=real):
+            calls.append(name)
+            return _real(name, *args)
+        monkeypatch.setattr(graph.binding, method, counted)
+    return calls
+
+
+def test_unchanged_bindings_are_kept_and_see_new_values(graph, monkeypatch):
+    calls = count_binds(graph, monkeypatch)
+    x = np.arange(4, dtype=np.float32)
+    y = torch.ones(4)
+    z = torch.zeros(8)
+    graph.run({"x": x, "y": y}, {"z": z[:4]})
+    assert sorted(calls) == ["x", "y", "z"]
+    assert z[:4].tolist() == [1, 2, 3, 4]
+
+    # Same addresses and shapes, new values in place: nothing is rebound and the run reads the new values.
+    calls.clear()
+    x[:] = 10
+    y.fill_(2)
+    graph.run({"x": x, "y": y}, {"z": z[:4]})
+    assert calls == []
+    assert z[:4].tolist() == [12, 12, 12, 12]
+
+    # A new address (output rows further on) or a new shape rebinds just that name.
+    calls.clear()
+    graph.run({"x": x, "y": y}, {"z": z[4:]})
+    assert calls == ["z"]
+    assert z[4:].tolist() == [12, 12, 12, 12]
+    calls.clear()
+    graph.run({"x": x[:2], "y": y[:2]}, {"z": z[:2]})
+    assert sorted(calls) == ["x", "y", "z"]
+    assert z.tolist() == [12, 12, 12, 12, 12, 12, 12, 12]
+    x2 = np.full(2, -1, dtype=np.float32)  # another array: another address
+    calls.clear()
+    graph.run({"x": x2, "y": y[:2]}, {"z": z[:2]})
+    assert calls == ["x"]
+    assert z[:2].tolist() == [1, 1]
+
+
+def test_missing_or_extra_names_are_refused(graph):
+    x = np.zeros(2, dtype=np.float32)
+    with pytest.raises(ValueError, match="exactly the graph's inputs"):
+        graph.run({"x": x}, {"z": np.zeros(2, dtype=np.float32)})
+    with pytest.raises(ValueError, match="exactly the graph's inputs"):
+        graph.run({"x": x, "y": x, "w": x}, {"z": np.zeros(2, dtype=np.float32)})
+
+
+def test_non_contiguous_is_refused(graph):
+    x = torch.zeros(4)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        graph.run({"x": x, "y": x}, {"z": torch.zeros(2)})
