@@ -44,6 +44,7 @@ def write_card(work: Path, out: Path) -> Path:
     (out / "recipe.json").write_text(json.dumps({"target": t, "heads": h}, indent=2, sort_keys=True) + "\n")
     r, c, hr = t["recipe"], t["corpus"], h["recipe"]
     e1, e3 = h["eagle1"], h["eagle3"]
+    hard = hr.get("hard_ce_weight", 0)
     minutes = (t["stage_seconds"] + h["stage_seconds"]) / 60
     lines = [
         "# Trained tiny fixture: a code target with EAGLE-1/2 and EAGLE-3 heads",
@@ -75,8 +76,10 @@ def write_card(work: Path, out: Path) -> Path:
         f"- Training-time test unrolled {hr['unroll']} steps, {hr['steps']} AdamW steps of {hr['batch']} sequences, "
         f"lr {hr['lr']}. EAGLE-1/2 (`eagle1/`, {e1['params'] / 1e6:.2f} M parameters, fc with bias, the target's "
         "embedding and lm_head): smooth-L1 feature regression + soft cross-entropy to the target's next-token "
-        f"distribution. EAGLE-3 (`eagle3/`, {e3['params'] / 1e6:.2f} M parameters, draft vocabulary "
-        f"{e3.get('draft_vocab')} most frequent tokens with `d2t`/`t2d`): soft cross-entropy over its vocabulary.",
+        f"distribution + {hard} x cross-entropy to the target's greedy token. EAGLE-3 (`eagle3/`, "
+        f"{e3['params'] / 1e6:.2f} M parameters, draft vocabulary {e3.get('draft_vocab')} most frequent tokens with "
+        f"`d2t`/`t2d`): soft cross-entropy over its vocabulary + {hard} x cross-entropy to the target's greedy "
+        "token (ignored where it is outside the draft vocabulary).",
         "",
         "| Head | final loss | held-out top-1 agreement with the target, steps 1..n | greedy chain tau (top-1 only) |",
         "|---|---|---|---|",
