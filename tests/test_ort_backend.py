@@ -24,13 +24,12 @@ def graph(tmp_path):
 
 def count_binds(graph, monkeypatch) -> list[str]:
     calls = []
-    for method in ("bind_input", "bind_output"):
-        real = getattr(graph.binding, method)
+    real = graph._bind
 
-        def counted(name, *args, _real=real):
-            calls.append(name)
-            return _real(name, *args)
-        monkeypatch.setattr(graph.binding, method, counted)
+    def counted(name, *args):
+        calls.append(name)
+        return real(name, *args)
+    monkeypatch.setattr(graph, "_bind", counted)
     return calls
 
 
