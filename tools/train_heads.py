@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from eagle_export.export.modules import apply_rope
+from eagle_export.export.modules import apply_rope, rope_tables
 
 from .fixture_data import greedy_continue, target_features
 
@@ -133,9 +133,9 @@ def ttt_forward(head, variant: str, ids: torch.Tensor, feats: torch.Tensor, unro
         else:
             x = head.fc(torch.cat((emb, feats[:, :n] if s == 0 else prev), -1))
             resid = x
-        cos, sin = head.rotary_emb(x, pos + s)
-        q = apply_rope(attn.q_proj(x).view(B, n, -1, hd), cos, sin)
-        k = apply_rope(attn.k_proj(x).view(B, n, -1, hd), cos, sin)
+        cos, sin = rope_tables(head.rotary_emb, x, pos + s, hd)
+        q = apply_rope(attn.q_proj(x).view(B, n, -1, hd), cos, sin, hd)
+        k = apply_rope(attn.k_proj(x).view(B, n, -1, hd), cos, sin, hd)
         v = attn.v_proj(x).view(B, n, -1, hd)
         rep = q.shape[2] // k.shape[2]
         keys.append(k.repeat_interleave(rep, 2))
