@@ -24,7 +24,6 @@ from pathlib import Path
 
 import click
 import numpy as np
-import torch
 
 VOCAB = 2048
 VAL_TOKENS = 100_000
@@ -102,7 +101,6 @@ def stage_pack(work: Path, out: Path, log=click.echo) -> None:
 @click.option("--head-steps", type=int, default=None, help="Override each head's step count (quick trials).")
 def main(work: Path, out: Path, stage: str, target_steps: int | None, head_steps: int | None) -> None:
     """Make the trained tiny fixture (target + EAGLE-1/2 + EAGLE-3 heads) from scratch."""
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if stage in ("all", "target"):
