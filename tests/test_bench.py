@@ -7,34 +7,19 @@ import json
 import sys
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import cli, fail
 
 from eagle_export import contract as C
-from eagle_export.cli import main
 from eagle_export.tools.bench import TimingBackend, bench, n_alpha
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
 P9 = [(5 * i + 4) % 48 for i in range(9)]
 
 
-def cli(*args) -> Result:
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
 def bench_json(*args) -> dict:
     r = cli("bench", *args, "--json", "--threads", 1)
     assert r.exception is None and r.exit_code == 0, r.output
     return json.loads(r.stdout)
-
-
-def fail(*args, expect: tuple[str, ...]) -> str:
-    r = cli(*args)
-    assert r.exit_code == 2, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output
-    for f in expect:
-        assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
-    return r.stderr
 
 
 @pytest.fixture(scope="module")

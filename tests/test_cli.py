@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import fail, ok
 
-from eagle_export.cli import main
 from eagle_export.manifest import load_manifest
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
@@ -22,28 +21,6 @@ P30 = [(5 * i + 4) % 48 for i in range(30)]
 
 def ids(xs) -> str:
     return ",".join(map(str, xs))
-
-
-def cli(*args) -> Result:
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def ok(*args) -> Result:
-    r = cli(*args)
-    assert r.exception is None and r.exit_code == 0, r.output
-    return r
-
-
-def fail(*args, expect: tuple[str, ...]) -> str:
-    """The command must exit 2 with one `error: ...` line on stderr holding every fragment."""
-    r = cli(*args)
-    assert r.exit_code == 2, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)  # not an escaped exception
-    assert "Traceback" not in r.output
-    msg = r.stderr
-    for f in expect:
-        assert f in msg, f"{f!r} not in {msg!r}"
-    return msg
 
 
 def gen(artifact, *args) -> dict:

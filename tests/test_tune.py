@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_run import cli, fail
 
 from eagle_export.errors import GenerationError
 from eagle_export.manifest import MANIFEST_NAME, Manifest, TunedInfo, load_manifest
@@ -22,22 +22,6 @@ P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixture
 P9 = [(5 * i + 4) % 48 for i in range(9)]
 # A small grid: 2 x 2 x 2 combinations, one of them invalid (top_k 1, depth 1 makes 2 candidates, not 4).
 GRID = ("--top-k", "1,2", "--depth", "1-2", "--total-tokens", "2,4")
-
-
-def cli(*args) -> Result:
-    from eagle_export.cli import main
-
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def fail(*args, expect: tuple[str, ...]) -> str:
-    r = cli(*args)
-    assert r.exit_code == 2, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output
-    for f in expect:
-        assert f in r.stderr, f"{f!r} not in {r.stderr!r}"
-    return r.stderr
 
 
 @pytest.fixture(scope="module")

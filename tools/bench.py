@@ -465,6 +465,12 @@ def plot_n_alpha(report: BenchReport, path: str | Path) -> Path:
     t = report.tree
     ax.set_title(f"n-alpha (tau {report.tau:.2f}; top_k {t.top_k}, depth {t.depth}, total {t.total_tokens})",
                  fontsize=9)
+    return save_figure(plt, fig, ax, path)
+
+
+def save_figure(plt, fig, ax, path: str | Path) -> Path:
+    """Finish a bench/tune plot (grid, tight layout), write it to PATH and close it; an unwritable PATH is a
+    BenchError."""
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     path = Path(path)

@@ -598,27 +598,10 @@ def make_pair(
         initializer_range=initializer_range,
         eos_token_id=eos_token_id,
     )
+    common = dict(seed=seed + 1, own_embedding=own_embedding, weights_format=weights_format, init_scale=init_scale)
     if eagle3:
-        draft = make_tiny_eagle3_draft(
-            root / "draft",
-            target,
-            seed=seed + 1,
-            draft_vocab_size=draft_vocab_size,
-            own_embedding=own_embedding,
-            weights_format=weights_format,
-            init_scale=init_scale,
-        )
-        return target, draft
-    draft = make_tiny_draft(
-        root / "draft",
-        target,
-        seed=seed + 1,
-        fc_bias=fc_bias,
-        own_embedding=own_embedding,
-        weights_format=weights_format,
-        init_scale=init_scale,
-    )
-    return target, draft
+        return target, make_tiny_eagle3_draft(root / "draft", target, draft_vocab_size=draft_vocab_size, **common)
+    return target, make_tiny_draft(root / "draft", target, fc_bias=fc_bias, **common)
 
 
 @click.command()

@@ -42,6 +42,7 @@ from eagle_export.tools.bench import (
     PromptSpec,
     check_run_settings,
     require_matplotlib,
+    save_figure,
     tau_of,
 )
 from eagle_export.tree_params import TreeParams
@@ -352,8 +353,6 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
 
 def plot_speedup(report: TuneReport, path: str | Path) -> Path:
     """Speedup versus tree size (draft nodes per round), one series per top_k (the best depth at each size)."""
-    from eagle_export.tools.bench import BenchError
-
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in sorted({r.tree.top_k for r in report.rows}):
@@ -377,14 +376,5 @@ def plot_speedup(report: TuneReport, path: str | Path) -> Path:
     ax.set_xlabel("total_tokens (draft nodes per round)")
     ax.set_ylabel("speedup vs no-draft (best depth)")
     ax.set_title(f"tune: {report.backend} on {report.device}", fontsize=9)
-    ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    try:
-        fig.savefig(path)
-    except OSError as e:
-        raise BenchError(f"cannot write the plot {path}: {e}") from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(plt, fig, ax, path)
