@@ -27,6 +27,7 @@ from .accept import accept_greedy, accept_sampling
 from .kv_cache import KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .tree import TreeGrower
+from .views import HostScratch, RowBuffers
 
 log = logging.getLogger(__name__)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -110,9 +111,21 @@ class Generator:
         if torch.device(dev).type == "cpu" and dtype != torch.bfloat16:
             self._np = {name: getattr(self, name).numpy()
                         for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
+        # A backend that binds by address (``binds_views``) gets BufferViews made by arithmetic: a verify binds
+        # 2 x layers cache views, and making each as a torch slice cost more than the bind. Others get tensors.
+        self._views = bool(getattr(backend, "binds_views", False))
+        self._rows = {name: RowBuffers([getattr(self, name)])
+                      for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
         self._warned_draft_limit = False
+        # Host inputs live in scratch arrays reused by every call: same address, so a backend that keeps
+        # bindings rebinds them only when their shape changes.
+        rows = max(t_rows, d_rows)
         mask_elems = max(t_rows * (self.tcache.capacity + t_rows), d_rows * (self.dcache.capacity + d_rows))
-        self._mask = np.zeros(mask_elems, dtype=np.bool_)
+        self._mask = HostScratch(mask_elems, np.bool_)
+        self._ids = HostScratch(rows, np.int64)
+        self._pos = HostScratch(rows, np.int64)
+        self._lidx = HostScratch(verify_rows, np.int64)
+        self._arange = np.arange(verify_rows, dtype=np.int64)
         self.eos = set(t.eos_token_ids)
         self._names = {g: (C.past_names(n), C.present_names(n)) for g, n in ((C.TARGET_GRAPH, t.num_layers),
                                                                              (C.DRAFT_GRAPH, 1))}
@@ -143,41 +156,56 @@ class Generator:
             getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
 
     # ---- graph calls -------------------------------------------------------------------------
-    def _mask_view(self, new: int, past: int) -> np.ndarray:
-        return self._mask[: new * (past + new)].reshape(1, new, past + new)
+    # Callers fill the host inputs (``_take``) and then call ``_run_target`` / ``_run_draft``, which bind them
+    # together with the buffers' rows.
+    def _take(self, scratch: HostScratch, *shape: int) -> np.ndarray:
+        return scratch.take(shape)
 
-    def _causal_mask(self, new: int, past: int) -> np.ndarray:
-        mask = self._mask_view(new, past)
+    def _host(self, scratch: HostScratch, *shape: int):
+        return scratch.view(shape) if self._views else scratch.take(shape)
+
+    def _buf(self, name: str, count: int):
+        """Rows [0, count) of one of the output/scratch buffers, as the backend binds them."""
+        rb = self._rows[name]
+        return (rb.views(0, count) if self._views else rb.tensors(0, count))[0]
+
+    def _cache(self, cache: KVCache, start: int, count: int) -> list:
+        return cache.views(start, count) if self._views else cache.rows(start, count)
+
+    def _causal_mask(self, new: int, past: int) -> None:
+        mask = self._take(self._mask, 1, new, past + new)
         mask[0, :, :past] = True
         mask[0, :, past:] = np.tri(new, dtype=np.bool_)
-        return mask
 
-    def _run_target(self, ids: np.ndarray, pos: np.ndarray, mask: np.ndarray, rows: np.ndarray,
-                    past: int) -> None:
-        n = ids.shape[1]
-        r = rows.shape[1]
-        inputs = {C.INPUT_IDS: ids, C.POSITION_IDS: pos, C.ATTENTION_MASK: mask, C.LOGIT_INDICES: rows}
+    def _run_target(self, n: int, r: int, past: int) -> None:
+        """Target call on ids/positions/mask/logit indices already in the scratch arrays: n new tokens after
+        ``past`` cached ones, logits for r rows."""
+        inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
+                  C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
+                  C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
         past_names, present_names = self._names[C.TARGET_GRAPH]
-        inputs.update(zip(past_names, self.tcache.past(past), strict=True))
-        outputs = {C.LOGITS: self.logits[:, :r], C.FEATURES: self.tfeats[:, :n]}
-        outputs.update(zip(present_names, self.tcache.rows(past, n), strict=True))
+        inputs.update(zip(past_names, self._cache(self.tcache, 0, past), strict=True))
+        outputs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
+        outputs.update(zip(present_names, self._cache(self.tcache, past, n), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
-    def _run_draft(self, ids: np.ndarray, feats: torch.Tensor, hidden: torch.Tensor, pos: np.ndarray,
-                   mask: np.ndarray, past: int) -> None:
-        """One draft call: rows fed from target features (``feats``) then from fed-back hiddens (``hidden``)."""
-        n = ids.shape[1]
-        inputs = {C.INPUT_IDS: ids, C.DRAFT_FEATURES: feats, C.HIDDEN_IN: hidden, C.POSITION_IDS: pos,
-                  C.ATTENTION_MASK: mask}
+    def _run_draft(self, n: int, feat_rows: int, past: int) -> None:
+        """One draft call on ids/positions/mask in the scratch arrays: the first ``feat_rows`` rows are fed
+        from target features (``dfeats_in``), the rest from fed-back hiddens (``dhidden_in``)."""
+        inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
+                  C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
+                  C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
+                  C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
         past_names, present_names = self._names[C.DRAFT_GRAPH]
-        inputs.update(zip(past_names, self.dcache.past(past), strict=True))
-        outputs = {C.TOPK_LOGPROBS: self.dvals[:, :n], C.TOPK_IDS: self.dids[:, :n], C.HIDDEN: self.dhidden[:, :n]}
-        outputs.update(zip(present_names, self.dcache.rows(past, n), strict=True))
+        inputs.update(zip(past_names, self._cache(self.dcache, 0, past), strict=True))
+        outputs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
+                   C.HIDDEN: self._buf("dhidden", n)}
+        outputs.update(zip(present_names, self._cache(self.dcache, past, n), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self.stats.draft_forwards += 1
         self._last_row = n - 1
         limit = self.m.draft.max_position_embeddings
-        last = int(pos[0, -1])  # positions never decrease along a call
+        last = int(self._pos.array[n - 1])  # positions never decrease along a call
         if self.stats.draft_beyond_position_limit is None and last >= limit:
             self.stats.draft_beyond_position_limit = last
             if not self._warned_draft_limit:
@@ -192,8 +220,10 @@ class Generator:
         """
         n = len(tokens)
         self._gather("dfeats_in", "tfeats", feature_rows)
-        self._run_draft(tokens.reshape(1, n), self.dfeats_in[:, :n], self.dhidden_in[:, :0],
-                        np.arange(start, start + n, dtype=np.int64).reshape(1, n), self._causal_mask(n, start), start)
+        self._take(self._ids, n)[:] = tokens
+        self._take(self._pos, n)[:] = np.arange(start, start + n)
+        self._causal_mask(n, start)
+        self._run_draft(n, n, start)
 
     # ---- the loop ----------------------------------------------------------------------------
     def check_prompt(self, prompt_ids) -> np.ndarray:
@@ -283,9 +313,11 @@ class Generator:
             e = min(n, s + self.chunk)
             c = e - s
             last = e == n
-            rows = np.array([[c - 1]], dtype=np.int64)
-            self._run_target(prompt[s:e].reshape(1, c), np.arange(s, e, dtype=np.int64).reshape(1, c),
-                             self._causal_mask(c, s), rows, s)
+            self._take(self._ids, c)[:] = prompt[s:e]
+            self._take(self._pos, c)[:] = np.arange(s, e)
+            self._causal_mask(c, s)
+            self._take(self._lidx, 1)[0] = c - 1
+            self._run_target(c, 1, s)
             if last:
                 root = self._next_token(sampler)
             if use_draft:
@@ -300,12 +332,12 @@ class Generator:
             if reason is not None:
                 return GenerationResult(out, reason, stats, n)
             if not use_draft:
-                one = np.ones((1, 1), dtype=np.int64)
-                zero = np.zeros((1, 1), dtype=np.int64)
+                self._take(self._lidx, 1)[0] = 0
                 while True:
-                    mask = self._mask_view(1, L)
-                    mask[...] = True
-                    self._run_target(one * root, one * L, mask, zero, L)
+                    self._take(self._ids, 1)[0] = root
+                    self._take(self._pos, 1)[0] = L
+                    self._take(self._mask, 1, 1, L + 1)[...] = True
+                    self._run_target(1, 1, L)
                     stats.rounds += 1
                     stats.accept_lengths.append(0)
                     L += 1
@@ -327,20 +359,23 @@ class Generator:
                     fed = frontier.fed
                     past = Ld + fed
                     self._gather("dhidden_in", "dhidden", frontier.parent_rows + (ctx if level == 1 else 0))
-                    mask = self._mask_view(k, past)
-                    mask[0, :, :Ld] = True
-                    mask[0, :, Ld:] = frontier.tree_mask
-                    self._run_draft(frontier.tokens.reshape(1, k), self.dfeats_in[:, :0], self.dhidden_in[:, :k],
-                                    np.full((1, k), Ld + level - 1, dtype=np.int64), mask, past)
+                    mask = self._take(self._mask, k, past + k)
+                    mask[:, :Ld] = True
+                    mask[:, Ld:] = frontier.tree_mask
+                    self._take(self._ids, k)[:] = frontier.tokens
+                    self._take(self._pos, k)[:] = Ld + level - 1
+                    self._run_draft(k, 0, past)
                     frontier = grower.add_children(*self._topk(slice(0, k)))
                 vt = grower.select(tree.total_tokens, root)
                 T = vt.num_nodes
                 # Verify the whole tree in one target forward.
-                mask = self._mask_view(T, L)
-                mask[0, :, :L] = True
-                mask[0, :, L:] = vt.mask
-                self._run_target(vt.tokens.reshape(1, T), (vt.depths + L).reshape(1, T), mask,
-                                 np.arange(T, dtype=np.int64).reshape(1, T), L)
+                mask = self._take(self._mask, T, L + T)
+                mask[:, :L] = True
+                mask[:, L:] = vt.mask
+                self._take(self._ids, T)[:] = vt.tokens
+                np.add(vt.depths, L, out=self._take(self._pos, T))
+                self._take(self._lidx, T)[:] = self._arange[:T]
+                self._run_target(T, T, L)
                 stats.rounds += 1
                 acc = self._accept(vt, sampler)
                 stats.accept_lengths.append(int(acc.num_accepted))

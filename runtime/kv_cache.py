@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .views import BufferView, RowBuffers
+
 
 class KVCache:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
@@ -23,18 +25,15 @@ class KVCache:
         self.buffers: list[torch.Tensor] = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)
         ]
-
-    def _check(self, start: int, count: int) -> None:
-        if start < 0 or count < 0 or start + count > self.capacity:
-            raise IndexError(f"cache rows [{start}, {start + count}) outside capacity {self.capacity}")
+        self._rows = RowBuffers(self.buffers)
 
     def rows(self, start: int, count: int) -> list[torch.Tensor]:
         """Contiguous views of rows [start, start + count) of every buffer (no copy)."""
-        self._check(start, count)
-        return [b[:, start:start + count] for b in self.buffers]
+        return self._rows.tensors(start, count)
 
-    def past(self, length: int) -> list[torch.Tensor]:
-        return self.rows(0, length)
+    def views(self, start: int, count: int) -> list[BufferView]:
+        """The same rows as BufferViews (address arithmetic, no tensor made): for backends that bind by address."""
+        return self._rows.views(start, count)
 
     def commit(self, start: int, src_offsets: np.ndarray) -> None:
         """Move rows start + src_offsets[i] to start + i (the accepted path), in every buffer.
@@ -47,7 +46,7 @@ class KVCache:
         moved = np.nonzero(src_offsets != np.arange(n))[0]
         if len(moved) == 0:
             return
-        self._check(start, int(src_offsets.max()) + 1)
+        self._rows.check(start, int(src_offsets.max()) + 1)
         first = int(moved[0])
         src = torch.from_numpy(src_offsets[first:] + start).to(self.buffers[0].device)
         for b in self.buffers:

@@ -5,28 +5,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import torch
 
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest
 
+from .views import BufferView, view_of
+
 ORT_DTYPES = ("float32", "float16")
-TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
-
-
-def _ptr_and_type(x: torch.Tensor | np.ndarray):
-    """(address, numpy element type, shape, device type, device index) of a contiguous tensor or array."""
-    if isinstance(x, torch.Tensor):
-        if not x.is_contiguous():
-            raise ValueError("bound tensors must be contiguous")
-        dev = x.device
-        return x.data_ptr(), TORCH_TO_NP[x.dtype], tuple(x.shape), dev.type, (dev.index or 0)
-    if not x.flags.c_contiguous:
-        raise ValueError("bound arrays must be contiguous")
-    return x.ctypes.data, x.dtype.type, x.shape, "cpu", 0
 
 
 class OrtGraph:
@@ -58,6 +46,8 @@ class OrtGraph:
     def run(self, inputs: dict, outputs: dict) -> None:
         """Bind every input and output by address (no copy) and run.
 
+        Values are tensors, arrays or BufferViews (runtime/views.py).
+
         The IO binding keeps its bindings between runs, so a name is rebound only when its address,
         type or shape changed: in a round most calls move only the cache views. Host inputs of a
         CUDA session are rebound on every call, because ONNX Runtime copies them to the device when
@@ -66,19 +56,20 @@ class OrtGraph:
         if inputs.keys() != self.input_names or outputs.keys() != self.output_names:
             raise ValueError(f"run needs exactly the graph's inputs {sorted(self.input_names)} and outputs "
                              f"{sorted(self.output_names)}")
+        bound, device = self._bound, self.device
         for name, x in inputs.items():
-            key = _ptr_and_type(x)
-            if self._bound.get((name, True)) != key or key[3] != self.device:
+            key = view_of(x)
+            if bound.get((name, True)) != key or key.device != device:
                 self._bind(name, key, True)
         for name, x in outputs.items():
-            key = _ptr_and_type(x)
-            if self._bound.get((name, False)) != key:
+            key = view_of(x)
+            if bound.get((name, False)) != key:
                 self._bind(name, key, False)
         t0 = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
         self.last_exec_s = time.perf_counter() - t0
 
-    def _bind(self, name: str, key: tuple, is_input: bool) -> None:
+    def _bind(self, name: str, key: BufferView, is_input: bool) -> None:
         ptr, typ, shape, dev, idx = key
         if self._raw is None:
             (self.binding.bind_input if is_input else self.binding.bind_output)(name, dev, idx, typ, shape, ptr)
@@ -96,6 +87,7 @@ class OrtBackend:
     """Target and draft graphs on ONNX Runtime: CPU, or the CUDA provider when it and a CUDA torch exist."""
 
     name = "ort"
+    binds_views = True  # run() takes BufferViews: the generator need not make a tensor per bound view
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
                  threads: int | None = None):

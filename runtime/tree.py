@@ -92,6 +92,19 @@ class VerifyTree:
             mask[i, i] = True
         return cls(tokens=tokens, parents=parents, depths=depths, mask=mask)
 
+    def with_tokens(self, tokens: np.ndarray) -> VerifyTree:
+        """The same shape carrying other tokens: shares the structure arrays (read-only), builds nothing."""
+        tree = object.__new__(VerifyTree)
+        tree.tokens, tree.parents, tree.depths, tree.mask = tokens, self.parents, self.depths, self.mask
+        tree._child_ptr, tree._child_idx = self._child_ptr, self._child_idx
+        return tree
+
+    def freeze(self) -> VerifyTree:
+        """Make the structure arrays read-only (they are shared by ``with_tokens``); returns self."""
+        for a in (self.parents, self.depths, self.mask, self._child_ptr, self._child_idx):
+            a.flags.writeable = False
+        return self
+
 
 def _top_order(scores: np.ndarray) -> np.ndarray:
     """Indices by (score descending, index ascending): stable sort of the negated scores."""
@@ -103,7 +116,12 @@ class TreeGrower:
 
     Candidates are numbered in generation order: level-1 nodes 0..k-1, then each
     ``add_children`` call appends k*k children row-major (frontier node i, child j).
+
+    It runs between graph calls every round, so it is written for small k: buffers and the per-level
+    ``Frontier`` views are made once here, and a verify tree's structure is built once per distinct shape.
     """
+
+    SHAPE_CACHE = 512  # distinct verify-tree shapes kept (a chain has one; top_k 2 trees a few dozen)
 
     def __init__(self, params: TreeParams) -> None:
         self.params = params
@@ -118,6 +136,11 @@ class TreeGrower:
         self._front_tokens = np.empty((d + 1, k), dtype=np.int64)
         self._front_rows = np.empty((d + 1, k), dtype=np.int64)
         self._front_mask = np.zeros((d + 1, k, (d + 1) * k), dtype=bool)
+        for s in range(d + 1):  # each level's own k rows: the identity block, the same every round
+            self._front_mask[s, :, s * k:(s + 1) * k] = np.eye(k, dtype=bool)
+        self._frontiers = [self._make_frontier(level) for level in range(1, d + 2)]
+        self._row_of_child = np.repeat(np.arange(k, dtype=np.int64), k)  # child c of a level: frontier row c // k
+        self._shapes: dict[bytes, VerifyTree] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -150,17 +173,19 @@ class TreeGrower:
 
     def _check(self, logp: np.ndarray, ids: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
         k = self.params.top_k
-        logp = np.asarray(logp)
-        ids = np.asarray(ids)
+        if type(logp) is not np.ndarray or type(ids) is not np.ndarray:
+            logp, ids = np.asarray(logp), np.asarray(ids)
         if logp.ndim != 2 or logp.shape != ids.shape or logp.shape[0] != rows or logp.shape[1] < k:
             raise ValueError(f"expected logp/ids of shape [{rows}, >={k}], got {logp.shape} and {ids.shape}")
         logp, ids = logp[:, :k], ids[:, :k]
-        # Log-probs <= 0 (NaN fails too) is what makes a parent outscore its children.
-        if not np.all(logp <= 0):
+        # Log-probs <= 0 (NaN fails too: max propagates it) is what makes a parent outscore its children.
+        if not logp.max() <= 0:
             raise ValueError("log-probs must be <= 0 and not NaN")
-        return logp.astype(np.float64), ids.astype(np.int64)
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        return logp, ids
 
-    def _frontier(self, level: int) -> Frontier:
+    def _make_frontier(self, level: int) -> Frontier:
         s, k = level - 1, self.params.top_k
         views = (self._front_tokens[s], self._front_rows[s], self._front_mask[s, :, : level * k])
         for v in views:
@@ -181,9 +206,8 @@ class TreeGrower:
         self._front_cand[0] = np.arange(k)
         self._front_tokens[0] = ids[0]
         self._front_rows[0] = 0  # level 1 is fed from the last context row
-        self._front_mask[0, :, :k] = np.eye(k, dtype=bool)
         self._levels = 1
-        return self._frontier(1)
+        return self._frontiers[0]
 
     def add_children(self, logp: np.ndarray, ids: np.ndarray) -> Frontier:
         """Append top_k children of every frontier node; the best top_k become the next frontier.
@@ -197,44 +221,64 @@ class TreeGrower:
         k = self.params.top_k
         s = self._levels - 1  # slot of the current frontier
         logp, ids = self._check(logp, ids, k)
-        parents = self._front_cand[s]
         base, n = self._count, k * k
-        scores = (self._scores[parents][:, None] + logp).ravel()
-        self._scores[base:base + n] = scores
-        self._tokens[base:base + n] = ids.ravel()
-        self._parent[base:base + n] = np.repeat(parents, k)
-        self._level[base:base + n] = self._levels + 1
-        self._count += n
-
-        best = _top_order(scores)[:k]
-        rows = best // k  # parent's index in the current frontier = its row in the draft output
+        end = base + n
         fed = self._levels * k
-        self._front_cand[s + 1] = base + best
-        self._front_tokens[s + 1] = self._tokens[base + best]
-        self._front_rows[s + 1] = rows
-        self._front_mask[s + 1, :, :fed] = self._front_mask[s, rows, :fed]
-        self._front_mask[s + 1, :, fed:fed + k] = np.eye(k, dtype=bool)
+        if k == 1:  # a chain: one child, no ranking
+            parent = int(self._front_cand[s, 0])
+            self._scores[base] = self._scores[parent] + float(logp[0, 0])
+            token = self._tokens[base] = ids[0, 0]
+            self._parent[base] = parent
+            self._front_cand[s + 1, 0] = base
+            self._front_tokens[s + 1, 0] = token
+            self._front_rows[s + 1, 0] = 0
+            self._front_mask[s + 1, 0, :fed] = True
+        else:
+            parents = self._front_cand[s]
+            scores = self._scores[base:end]
+            np.add(self._scores[parents][:, None], logp, out=scores.reshape(k, k))
+            self._tokens[base:end] = ids.ravel()
+            self._parent[base:end] = parents[self._row_of_child]
+            best = _top_order(scores)[:k]
+            rows = self._row_of_child[best]  # parent's index in the current frontier = its row in the draft output
+            self._front_cand[s + 1] = best + base
+            self._front_tokens[s + 1] = self._tokens[base + best]
+            self._front_rows[s + 1] = rows
+            self._front_mask[s + 1, :, :fed] = self._front_mask[s, rows, :fed]
+        self._level[base:end] = self._levels + 1
+        self._count = end
         self._levels += 1
-        return self._frontier(self._levels)
+        return self._frontiers[s + 1]
 
     def select(self, total_tokens: int, root_token: int) -> VerifyTree:
         """The total_tokens best candidates in generation order, under the root (tree index 0)."""
-        if not 1 <= total_tokens <= self._count:
-            raise ValueError(f"total_tokens={total_tokens} outside 1..{self._count} generated candidates")
-        chosen = np.sort(_top_order(self._scores[: self._count])[:total_tokens])
+        count = self._count
+        if not 1 <= total_tokens <= count:
+            raise ValueError(f"total_tokens={total_tokens} outside 1..{count} generated candidates")
+        if total_tokens == count:
+            chosen = np.arange(count)
+        else:
+            chosen = np.sort(_top_order(self._scores[:count])[:total_tokens])
         # Map candidate index -> tree index (root's children point at tree index 0).
-        tree_of = np.full(self._count, -1, dtype=np.int64)
+        tree_of = np.empty(count + 1, dtype=np.int64)  # slot count: "the root", reached through parent -1
+        tree_of[:] = -1
+        tree_of[count] = 0
         tree_of[chosen] = np.arange(1, total_tokens + 1)
-        cand_parent = self._parent[chosen]
         parents = np.empty(total_tokens + 1, dtype=np.int64)
         parents[0] = -1
-        parents[1:] = np.where(cand_parent < 0, 0, tree_of[np.maximum(cand_parent, 0)])
-        if np.any(parents[1:] < 0):
-            raise RuntimeError("selection is not connected: a selected node's parent was not selected")
+        parents[1:] = tree_of[self._parent[chosen]]  # parent -1 indexes slot count
         tokens = np.empty(total_tokens + 1, dtype=np.int64)
         tokens[0] = root_token
         tokens[1:] = self._tokens[chosen]
-        tree = VerifyTree.from_parents(tokens, parents)
-        if not np.array_equal(tree.depths[1:], self._level[chosen]):
-            raise RuntimeError("tree depths disagree with generation levels")
-        return tree
+        key = parents.tobytes()
+        shape = self._shapes.get(key)
+        if shape is None:
+            if np.any(parents[1:] < 0):
+                raise RuntimeError("selection is not connected: a selected node's parent was not selected")
+            shape = VerifyTree.from_parents(tokens, parents)
+            if not np.array_equal(shape.depths[1:], self._level[chosen]):
+                raise RuntimeError("tree depths disagree with generation levels")
+            if len(self._shapes) >= self.SHAPE_CACHE:
+                self._shapes.clear()
+            self._shapes[key] = shape.freeze()
+        return shape.with_tokens(tokens)

@@ -165,12 +165,12 @@ def test_oracle_catches_a_runtime_that_never_accepts(pairs, monkeypatch):
 
 def test_oracle_catches_draft_seeing_other_branches(pairs, monkeypatch):
     """A draft mask that lets tree nodes see every earlier frontier row (not just their ancestors)."""
-    original = TreeGrower._frontier
+    original = TreeGrower._make_frontier  # the per-level Frontier views, made once per grower
 
     def leaky(self, level):
         f = original(self, level)
         return Frontier(tokens=f.tokens, parent_rows=f.parent_rows, tree_mask=np.ones_like(f.tree_mask),
                         level=f.level)
 
-    monkeypatch.setattr(TreeGrower, "_frontier", leaky)
+    monkeypatch.setattr(TreeGrower, "_make_frontier", leaky)
     assert _first_mismatch(pairs, "mha", TreeParams(3, 3, 12)) is not None

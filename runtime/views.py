@@ -1,0 +1,103 @@
+"""Buffer views by address: what a backend that binds raw memory needs, without making a tensor per call.
+
+A verify call binds two cache views per layer, and making each as a torch slice costs more than ONNX Runtime's
+bind itself. The loop's buffers never move, so a view of rows [start, start + count) is just
+``base + start * row_bytes`` with a shape: ``RowBuffers`` computes that arithmetic for a set of same-shaped
+buffers, and ``HostScratch`` for the flat host arrays that feed ids, positions and masks.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+
+
+class BufferView(NamedTuple):
+    """A contiguous block of memory: address, numpy element type, shape, device type and index."""
+
+    address: int
+    dtype: type
+    shape: tuple[int, ...]
+    device: str
+    index: int
+
+
+def view_of(x: torch.Tensor | np.ndarray | BufferView) -> BufferView:
+    """The BufferView of a contiguous tensor or array (a BufferView is returned as it is)."""
+    if type(x) is BufferView:
+        return x
+    if isinstance(x, torch.Tensor):
+        if not x.is_contiguous():
+            raise ValueError("bound tensors must be contiguous")
+        dev = x.device
+        return BufferView(x.data_ptr(), TORCH_TO_NP[x.dtype], tuple(x.shape), dev.type, dev.index or 0)
+    if not x.flags.c_contiguous:
+        raise ValueError("bound arrays must be contiguous")
+    return BufferView(x.ctypes.data, x.dtype.type, x.shape, "cpu", 0)
+
+
+class RowBuffers:
+    """Same-shaped preallocated tensors [1, rows, *tail]; row ranges as torch views or as BufferViews."""
+
+    def __init__(self, buffers: list[torch.Tensor]):
+        if not buffers:
+            raise ValueError("RowBuffers needs at least one buffer")
+        first = buffers[0]
+        for b in buffers:
+            if b.shape != first.shape or b.dtype != first.dtype or b.device != first.device or not b.is_contiguous():
+                raise ValueError("RowBuffers holds contiguous buffers of one shape, dtype and device")
+            if b.shape[0] != 1:
+                raise ValueError("RowBuffers holds batch-1 buffers [1, rows, ...]")
+        self.buffers = buffers
+        self.rows = first.shape[1]
+        self._tail = tuple(first.shape[2:])
+        self._row_bytes = first[0, :1].numel() * first.element_size()
+        # data_ptr() of a buffer is its row 0 even when a view of it is empty; it never moves.
+        self._addresses = [b.data_ptr() for b in buffers]
+        dev = first.device
+        self._type, self._dev, self._idx = TORCH_TO_NP[first.dtype], dev.type, dev.index or 0
+
+    def check(self, start: int, count: int) -> None:
+        if start < 0 or count < 0 or start + count > self.rows:
+            raise IndexError(f"rows [{start}, {start + count}) outside {self.rows} rows")
+
+    def tensors(self, start: int, count: int) -> list[torch.Tensor]:
+        """Contiguous torch views of rows [start, start + count) of every buffer (no copy)."""
+        self.check(start, count)
+        return [b[:, start:start + count] for b in self.buffers]
+
+    def views(self, start: int, count: int) -> list[BufferView]:
+        """The same rows as BufferViews, by address arithmetic."""
+        self.check(start, count)
+        off, shape, t, d, i = start * self._row_bytes, (1, count, *self._tail), self._type, self._dev, self._idx
+        return [BufferView(a + off, t, shape, d, i) for a in self._addresses]
+
+
+class HostScratch:
+    """One flat host array reused for a graph input whose shape changes between calls (ids, positions, masks)."""
+
+    def __init__(self, size: int, dtype: type):
+        self.array = np.zeros(size, dtype=dtype)
+        self._address = self.array.ctypes.data
+        self._type = self.array.dtype.type
+
+    def _size(self, shape: tuple[int, ...]) -> int:
+        n = 1
+        for s in shape:
+            n *= s
+        if n > self.array.size:
+            raise IndexError(f"shape {shape} needs {n} elements, the scratch holds {self.array.size}")
+        return n
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The first prod(shape) elements as an array of that shape (a view: fill it, then bind it)."""
+        return self.array[:self._size(shape)].reshape(shape)
+
+    def view(self, shape: tuple[int, ...]) -> BufferView:
+        """The BufferView of ``take(shape)`` (same memory)."""
+        self._size(shape)
+        return BufferView(self._address, self._type, shape, "cpu", 0)
