@@ -32,12 +32,20 @@ def accept_greedy(tree: VerifyTree, target_argmax: np.ndarray) -> Accepted:
     target_argmax = np.asarray(target_argmax)
     if target_argmax.shape != (tree.num_nodes,):
         raise ValueError(f"target_argmax has shape {target_argmax.shape}, expected ({tree.num_nodes},)")
-    path = [0]
-    while (nxt := tree.child_with_token(path[-1], int(target_argmax[path[-1]]))) >= 0:
-        path.append(nxt)
-    indices = np.asarray(path, dtype=np.int64)
-    return Accepted(indices=indices, tokens=tree.tokens[indices[1:]].copy(),
-                    bonus=int(target_argmax[path[-1]]))
+    best, tokens, kids = target_argmax.tolist(), tree.tokens.tolist(), tree.children_lists()
+    path, node = [0], 0
+    while True:
+        want = best[node]
+        for child in kids[node]:
+            if tokens[child] == want:
+                break
+        else:
+            break
+        path.append(child)
+        node = child
+    indices = np.array(path, dtype=np.int64)
+    return Accepted(indices=indices, tokens=np.array([tokens[i] for i in path[1:]], dtype=np.int64),
+                    bonus=best[node])
 
 
 def accept_sampling(tree: VerifyTree, probs, rng: np.random.Generator) -> Accepted:

@@ -91,13 +91,14 @@ class Generator:
         self.capacity = manifest.max_seq_len
         self.chunk = max(1, min(prefill_chunk, self.capacity))
         verify_rows = lim.max_total_tokens + 1
-        # Target cache: committed rows stay < capacity; a verify writes up to verify_rows more.
-        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype, dev)
-        # Draft cache: committed context + every frontier row of one round's tree.
-        self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_depth + 2,
-                              dtype, dev)
         t_rows = max(self.chunk, verify_rows)
         d_rows = max(self.chunk, lim.max_top_k, lim.max_depth + 2)
+        # Target cache: committed rows stay < capacity; a round's accepted path (up to verify_rows) may run past it.
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype, dev,
+                              new_rows=t_rows)
+        # Draft cache: committed context + every frontier row of one round's tree.
+        self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_depth + 2,
+                              dtype, dev, new_rows=d_rows)
         self.logits = torch.zeros(1, verify_rows, t.vocab_size, dtype=torch.float32, device=dev)
         self.tfeats = torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev)
         self.dvals = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.float32, device=dev)
@@ -111,6 +112,7 @@ class Generator:
         if torch.device(dev).type == "cpu" and dtype != torch.bfloat16:
             self._np = {name: getattr(self, name).numpy()
                         for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
+            self._np_dvals, self._np_dids = self._np["dvals"][0], self._np["dids"][0]
         # A backend that binds by address (``binds_views``) gets BufferViews made by arithmetic: a verify binds
         # 2 x layers cache views, and making each as a torch slice cost more than the bind. Others get tensors.
         self._views = bool(getattr(backend, "binds_views", False))
@@ -126,6 +128,8 @@ class Generator:
         self._pos = HostScratch(rows, np.int64)
         self._lidx = HostScratch(verify_rows, np.int64)
         self._arange = np.arange(verify_rows, dtype=np.int64)
+        self._arange_rows = np.arange(rows, dtype=np.int64)
+        self._growers: dict[TreeParams, TreeGrower] = {}
         self.eos = set(t.eos_token_ids)
         self._names = {g: (C.past_names(n), C.present_names(n)) for g, n in ((C.TARGET_GRAPH, t.num_layers),
                                                                              (C.DRAFT_GRAPH, 1))}
@@ -135,7 +139,7 @@ class Generator:
     def _topk(self, rows) -> tuple[np.ndarray, np.ndarray]:
         """The draft's top-k log-probs and ids at output row(s) ``rows`` (an int or a slice), as host arrays."""
         if self._np is not None:
-            return self._np["dvals"][0, rows], self._np["dids"][0, rows]
+            return self._np_dvals[rows], self._np_dids[rows]
         return self.dvals[0, rows].cpu().numpy(), self.dids[0, rows].cpu().numpy()
 
     def _argmax(self, rows: int) -> np.ndarray:
@@ -150,7 +154,11 @@ class Generator:
     def _gather(self, dst: str, src: str, rows: np.ndarray) -> None:
         """Buffer ``dst`` rows [0, len(rows)) = buffer ``src`` rows ``rows`` (batch row 0)."""
         if self._np is not None:
-            self._np[dst][0, :len(rows)] = self._np[src][0, rows]
+            d, s = self._np[dst][0], self._np[src][0]
+            if len(rows) == 1:  # a chain's parent: one row, no gather
+                d[0] = s[rows[0]]
+            else:
+                d[:len(rows)] = s[rows]
         else:
             s = getattr(self, src)
             getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
@@ -162,15 +170,18 @@ class Generator:
         return scratch.take(shape)
 
     def _host(self, scratch: HostScratch, *shape: int):
-        return scratch.view(shape) if self._views else scratch.take(shape)
+        return scratch.view(shape) if self._views else scratch.take(shape)  # scratch's memory, viewed as shape
 
     def _buf(self, name: str, count: int):
         """Rows [0, count) of one of the output/scratch buffers, as the backend binds them."""
         rb = self._rows[name]
-        return (rb.views(0, count) if self._views else rb.tensors(0, count))[0]
+        return (rb.head(count) if self._views else rb.tensors(0, count))[0]
 
-    def _cache(self, cache: KVCache, start: int, count: int) -> list:
-        return cache.views(start, count) if self._views else cache.rows(start, count)
+    def _past(self, cache: KVCache, count: int) -> list:
+        return cache.views(0, count) if self._views else cache.rows(0, count)
+
+    def _present(self, cache: KVCache, count: int) -> list:
+        return cache.new_views(count) if self._views else cache.new_rows(count)
 
     def _causal_mask(self, new: int, past: int) -> None:
         mask = self._take(self._mask, 1, new, past + new)
@@ -179,14 +190,15 @@ class Generator:
 
     def _run_target(self, n: int, r: int, past: int) -> None:
         """Target call on ids/positions/mask/logit indices already in the scratch arrays: n new tokens after
-        ``past`` cached ones, logits for r rows."""
+        ``past`` cached ones, logits for r rows. Their K/V land in the cache's new-rows scratch (the caller writes
+        the rows it keeps)."""
         inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
                   C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
                   C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
         past_names, present_names = self._names[C.TARGET_GRAPH]
-        inputs.update(zip(past_names, self._cache(self.tcache, 0, past), strict=True))
+        inputs.update(zip(past_names, self._past(self.tcache, past), strict=True))
         outputs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
-        outputs.update(zip(present_names, self._cache(self.tcache, past, n), strict=True))
+        outputs.update(zip(present_names, self._present(self.tcache, n), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
     def _run_draft(self, n: int, feat_rows: int, past: int) -> None:
@@ -197,11 +209,12 @@ class Generator:
                   C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
                   C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
         past_names, present_names = self._names[C.DRAFT_GRAPH]
-        inputs.update(zip(past_names, self._cache(self.dcache, 0, past), strict=True))
+        inputs.update(zip(past_names, self._past(self.dcache, past), strict=True))
         outputs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
                    C.HIDDEN: self._buf("dhidden", n)}
-        outputs.update(zip(present_names, self._cache(self.dcache, past, n), strict=True))
+        outputs.update(zip(present_names, self._present(self.dcache, n), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
+        self.dcache.write(past, n)
         self.stats.draft_forwards += 1
         self._last_row = n - 1
         limit = self.m.draft.max_position_embeddings
@@ -220,8 +233,8 @@ class Generator:
         """
         n = len(tokens)
         self._gather("dfeats_in", "tfeats", feature_rows)
-        self._take(self._ids, n)[:] = tokens
-        self._take(self._pos, n)[:] = np.arange(start, start + n)
+        self._ids.array[:n] = tokens
+        self._pos.array[:n] = self._arange_rows[:n] + start
         self._causal_mask(n, start)
         self._run_draft(n, n, start)
 
@@ -318,6 +331,7 @@ class Generator:
             self._causal_mask(c, s)
             self._take(self._lidx, 1)[0] = c - 1
             self._run_target(c, 1, s)
+            self.tcache.write(s, c)
             if last:
                 root = self._next_token(sampler)
             if use_draft:
@@ -338,6 +352,7 @@ class Generator:
                     self._take(self._pos, 1)[0] = L
                     self._take(self._mask, 1, 1, L + 1)[...] = True
                     self._run_target(1, 1, L)
+                    self.tcache.write(L, 1)
                     stats.rounds += 1
                     stats.accept_lengths.append(0)
                     L += 1
@@ -347,8 +362,11 @@ class Generator:
                     if reason is not None:
                         return GenerationResult(out, reason, stats, n)
 
-            grower = TreeGrower(tree)
+            grower = self._growers.get(tree)
+            if grower is None:  # kept across generations: its buffers and verify-tree shapes are reused
+                grower = self._growers[tree] = TreeGrower(tree)
             k = tree.top_k
+            top = slice(0, k)
             while True:
                 # Grow the tree. The last context row's top-k are the root's children.
                 grower.reset()
@@ -358,23 +376,24 @@ class Generator:
                 for level in range(1, tree.depth + 1):
                     fed = frontier.fed
                     past = Ld + fed
-                    self._gather("dhidden_in", "dhidden", frontier.parent_rows + (ctx if level == 1 else 0))
+                    self._gather("dhidden_in", "dhidden", frontier.parent_rows + ctx if level == 1
+                                 else frontier.parent_rows)
                     mask = self._take(self._mask, k, past + k)
                     mask[:, :Ld] = True
                     mask[:, Ld:] = frontier.tree_mask
-                    self._take(self._ids, k)[:] = frontier.tokens
-                    self._take(self._pos, k)[:] = Ld + level - 1
+                    self._ids.array[:k] = frontier.tokens
+                    self._pos.array[:k] = Ld + level - 1
                     self._run_draft(k, 0, past)
-                    frontier = grower.add_children(*self._topk(slice(0, k)))
+                    frontier = grower.add_children(*self._topk(top))
                 vt = grower.select(tree.total_tokens, root)
                 T = vt.num_nodes
                 # Verify the whole tree in one target forward.
                 mask = self._take(self._mask, T, L + T)
                 mask[:, :L] = True
                 mask[:, L:] = vt.mask
-                self._take(self._ids, T)[:] = vt.tokens
-                np.add(vt.depths, L, out=self._take(self._pos, T))
-                self._take(self._lidx, T)[:] = self._arange[:T]
+                self._ids.array[:T] = vt.tokens
+                np.add(vt.depths, L, out=self._pos.array[:T])
+                self._lidx.array[:T] = self._arange[:T]
                 self._run_target(T, T, L)
                 stats.rounds += 1
                 acc = self._accept(vt, sampler)
@@ -382,7 +401,7 @@ class Generator:
                 if on_round is not None:
                     on_round(vt, acc)
                 m = len(acc.indices)
-                self.tcache.commit(L, acc.indices)
+                self.tcache.write_rows(L, acc.indices)  # the accepted path's K/V, root first
                 tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
                 new, reason = emit(tokens)
                 if new:

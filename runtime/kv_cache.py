@@ -1,11 +1,18 @@
-"""Preallocated K/V buffers: allocated once per runtime session, bound in place, committed row by row.
+"""Preallocated K/V buffers: allocated once per runtime session, bound in place, written row by row.
 
 Layout per layer and per K/V: [batch, capacity, kv_heads, head_dim] (the contract's BSHD). With
-batch 1 the rows [0, n) are one contiguous block, so a graph reads the valid prefix in place and
-writes its new rows straight into [n, n + T): no step copies or allocates cache-sized memory.
+batch 1 the rows [0, n) are one contiguous block, so a graph reads the valid prefix in place.
+
+A graph's new K/V (its ``present_*`` outputs) land in a separate scratch, always at row 0, and the
+runtime then copies the rows it keeps into the cache: all of them after a prefill chunk or a draft
+call, only the accepted path after a verify. The scratch's address never changes, so a backend that
+keeps its bindings rebinds only the ``past_*`` views (whose length grows) from call to call; binding
+2 x layers moving cache views per call cost more than this copy.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -15,39 +22,79 @@ from .views import BufferView, RowBuffers
 
 class KVCache:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: str = "cpu", batch: int = 1):
+                 device: str = "cpu", batch: int = 1, new_rows: int = 1):
         if batch != 1:
             raise ValueError("the runtime decodes one sequence per session (batch 1)")
         self.capacity = capacity
         self.num_layers = num_layers
-        shape = (batch, capacity, kv_heads, head_dim)
-        # Flat order [k0, v0, k1, v1, ...], as in the contract.
-        self.buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)
-        ]
+        self.new_capacity = new_rows
+        # One allocation [2 * layers, batch, rows, kv_heads, head_dim] each for the cache and the new-rows scratch;
+        # every buffer is a contiguous slice, so one indexing call moves rows of every layer.
+        self._all, self.buffers = _stacked(2 * num_layers, capacity, kv_heads, head_dim, dtype, device)
+        self._new, self.new_buffers = _stacked(2 * num_layers, new_rows, kv_heads, head_dim, dtype, device)
         self._rows = RowBuffers(self.buffers)
+        self._new_rows = RowBuffers(self.new_buffers)
+        # On the CPU the copies go through numpy views of the same memory: a small torch op there can wake torch's
+        # thread pool, which then competes with the graph runtime's threads (measured 15x slower in the loop).
+        cpu = self._all.device.type == "cpu" and dtype != torch.bfloat16
+        self._np_all = self._all.numpy() if cpu else None
+        self._np_new = self._new.numpy() if cpu else None
 
     def rows(self, start: int, count: int) -> list[torch.Tensor]:
-        """Contiguous views of rows [start, start + count) of every buffer (no copy)."""
+        """Contiguous views of cache rows [start, start + count) of every buffer (no copy)."""
         return self._rows.tensors(start, count)
 
     def views(self, start: int, count: int) -> list[BufferView]:
         """The same rows as BufferViews (address arithmetic, no tensor made): for backends that bind by address."""
         return self._rows.views(start, count)
 
-    def commit(self, start: int, src_offsets: np.ndarray) -> None:
-        """Move rows start + src_offsets[i] to start + i (the accepted path), in every buffer.
+    def new_rows(self, count: int) -> list[torch.Tensor]:
+        """Rows [0, count) of the new-rows scratch of every buffer: where a graph writes its ``present_*``."""
+        return self._new_rows.tensors(0, count)
 
-        src_offsets is ascending with src_offsets[i] >= i; rows already in place are skipped,
-        so a path that is a prefix of the tree order moves nothing.
+    def new_views(self, count: int) -> list[BufferView]:
+        return self._new_rows.head(count)
+
+    def write(self, start: int, count: int) -> None:
+        """Cache rows [start, start + count) = scratch rows [0, count), in every buffer."""
+        self._rows.check(start, count)
+        self._new_rows.check(0, count)
+        if self._np_all is not None:
+            self._np_all[:, :, start:start + count] = self._np_new[:, :, :count]
+        else:
+            self._all[:, :, start:start + count].copy_(self._new[:, :, :count])
+
+    def write_rows(self, start: int, rows: np.ndarray) -> None:
+        """Cache rows [start, start + len(rows)) = scratch rows ``rows`` (the accepted path), in every buffer.
+
+        Copied run by run (consecutive scratch rows as one slice): a chain's path is a single run, and a slice
+        copy is several times cheaper than a gather.
         """
-        src_offsets = np.asarray(src_offsets, dtype=np.int64)
-        n = len(src_offsets)
-        moved = np.nonzero(src_offsets != np.arange(n))[0]
-        if len(moved) == 0:
-            return
-        self._rows.check(start, int(src_offsets.max()) + 1)
-        first = int(moved[0])
-        src = torch.from_numpy(src_offsets[first:] + start).to(self.buffers[0].device)
-        for b in self.buffers:
-            b[:, start + first:start + n] = b.index_select(1, src)
+        r = np.asarray(rows, dtype=np.int64).tolist()
+        n = len(r)
+        self._rows.check(start, n)
+        if n and (min(r) < 0 or max(r) >= self.new_capacity):
+            raise IndexError(f"scratch rows {r} outside {self.new_capacity} rows")
+        dst, src = (self._np_all, self._np_new) if self._np_all is not None else (self._all, self._new)
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and r[j] == r[j - 1] + 1:
+                j += 1
+            dst[:, :, start + i:start + j] = src[:, :, r[i]:r[i] + j - i]
+            i = j
+
+ALIGN = 256  # bytes: TensorRT wants every bound tensor this aligned, so each buffer starts at such an offset
+
+
+def _stacked(count: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+             device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``count`` buffers [1, rows, kv_heads, head_dim] as slices of one allocation (flat order [k0, v0, k1, ...]).
+
+    Each buffer's rows are padded so the next buffer starts ALIGN-aligned (when the allocation is).
+    """
+    row_bytes = kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    step = ALIGN // math.gcd(row_bytes, ALIGN)  # rows per aligned block
+    padded = -(-rows // step) * step
+    whole = torch.zeros((count, 1, padded, kv_heads, head_dim), dtype=dtype, device=device)
+    return whole, [whole[i, :, :rows] for i in range(count)]

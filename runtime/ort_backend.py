@@ -41,7 +41,8 @@ class OrtGraph:
         self._devices: dict[tuple[str, int], object] = {}
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = {o.name for o in self.session.get_outputs()}
-        self._bound: dict[tuple[str, bool], tuple] = {}  # (name, is_input) -> what it is bound to now
+        self._bound_in: dict[str, BufferView] = {}  # name -> what it is bound to now
+        self._bound_out: dict[str, BufferView] = {}
 
     def run(self, inputs: dict, outputs: dict) -> None:
         """Bind every input and output by address (no copy) and run.
@@ -56,15 +57,18 @@ class OrtGraph:
         if inputs.keys() != self.input_names or outputs.keys() != self.output_names:
             raise ValueError(f"run needs exactly the graph's inputs {sorted(self.input_names)} and outputs "
                              f"{sorted(self.output_names)}")
-        bound, device = self._bound, self.device
+        bound, device = self._bound_in, self.device
         for name, x in inputs.items():
-            key = view_of(x)
-            if bound.get((name, True)) != key or key.device != device:
-                self._bind(name, key, True)
+            if type(x) is not BufferView:
+                x = view_of(x)
+            if bound.get(name) != x or x.device != device:
+                self._bind(name, x, True)
+        bound = self._bound_out
         for name, x in outputs.items():
-            key = view_of(x)
-            if bound.get((name, False)) != key:
-                self._bind(name, key, False)
+            if type(x) is not BufferView:
+                x = view_of(x)
+            if bound.get(name) != x:
+                self._bind(name, x, False)
         t0 = time.perf_counter()
         self.session.run_with_iobinding(self.binding)
         self.last_exec_s = time.perf_counter() - t0
@@ -80,7 +84,7 @@ class OrtGraph:
 
                 device = self._devices[dev, idx] = OrtDevice.make(dev, idx)._get_c_device()
             (self._raw.bind_input if is_input else self._raw.bind_output)(name, device, typ, list(shape), ptr)
-        self._bound[name, is_input] = key
+        (self._bound_in if is_input else self._bound_out)[name] = key
 
 
 class OrtBackend:

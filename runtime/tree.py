@@ -49,6 +49,7 @@ class VerifyTree:
     mask: np.ndarray  # bool[T, T], mask[i, j] = j is i or an ancestor of i
     _child_ptr: np.ndarray = field(init=False, repr=False)
     _child_idx: np.ndarray = field(init=False, repr=False)
+    _kids: list[list[int]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # CSR children lists (in tree order) so acceptance finds a child by token in O(children).
@@ -57,6 +58,7 @@ class VerifyTree:
         self._child_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=self._child_ptr[1:])
         self._child_idx = np.argsort(self.parents[1:], kind="stable").astype(np.int64) + 1
+        self._kids = [self._child_idx[self._child_ptr[i]:self._child_ptr[i + 1]].tolist() for i in range(n)]
 
     @property
     def num_nodes(self) -> int:
@@ -65,6 +67,10 @@ class VerifyTree:
     def children_of(self, i: int) -> np.ndarray:
         """Tree-order indices of node i's children, ascending."""
         return self._child_idx[self._child_ptr[i]:self._child_ptr[i + 1]]
+
+    def children_lists(self) -> list[list[int]]:
+        """Every node's children (tree order) as Python lists: the greedy walk reads them without numpy calls."""
+        return self._kids
 
     def child_with_token(self, i: int, token: int) -> int:
         """Index of node i's child carrying ``token``, or -1 (siblings have distinct tokens)."""
@@ -96,7 +102,7 @@ class VerifyTree:
         """The same shape carrying other tokens: shares the structure arrays (read-only), builds nothing."""
         tree = object.__new__(VerifyTree)
         tree.tokens, tree.parents, tree.depths, tree.mask = tokens, self.parents, self.depths, self.mask
-        tree._child_ptr, tree._child_idx = self._child_ptr, self._child_idx
+        tree._child_ptr, tree._child_idx, tree._kids = self._child_ptr, self._child_idx, self._kids
         return tree
 
     def freeze(self) -> VerifyTree:
@@ -106,84 +112,80 @@ class VerifyTree:
         return self
 
 
-def _top_order(scores: np.ndarray) -> np.ndarray:
-    """Indices by (score descending, index ascending): stable sort of the negated scores."""
-    return np.argsort(-scores, kind="stable")
-
-
 class TreeGrower:
-    """Grows one round's draft tree into buffers sized once from the tree parameters.
+    """Grows one round's draft tree; buffers and views are made once from the tree parameters.
 
     Candidates are numbered in generation order: level-1 nodes 0..k-1, then each
     ``add_children`` call appends k*k children row-major (frontier node i, child j).
 
-    It runs between graph calls every round, so it is written for small k: buffers and the per-level
-    ``Frontier`` views are made once here, and a verify tree's structure is built once per distinct shape.
+    It runs between graph calls every round with small k (a CPU's best trees have top_k 1-2), where a numpy call
+    costs more than the arithmetic: candidates are kept in Python lists, the per-level ``Frontier`` views are made
+    once here, and a verify tree's structure (depths, mask, children) is built once per distinct shape.
     """
 
-    SHAPE_CACHE = 512  # distinct verify-tree shapes kept (a chain has one; top_k 2 trees a few dozen)
+    SHAPE_CACHE = 256  # distinct verify-tree shapes kept (a chain has one; a top_k 2, 8-token tree a few dozen)
 
     def __init__(self, params: TreeParams) -> None:
         self.params = params
         k, d = params.top_k, params.depth
-        n = params.max_candidates
-        self._scores = np.empty(n, dtype=np.float64)
-        self._tokens = np.empty(n, dtype=np.int64)
-        self._parent = np.empty(n, dtype=np.int64)  # candidate index of parent, -1 = root
-        self._level = np.empty(n, dtype=np.int64)
-        # Per-level frontier state; level L lives at slot L-1 and stays valid until reset().
-        self._front_cand = np.empty((d + 1, k), dtype=np.int64)
+        # Candidates so far (generation order): cumulative log-prob, token, parent candidate (-1 = root), level.
+        self._scores: list[float] = []
+        self._tokens: list[int] = []
+        self._parent: list[int] = []
+        self._level: list[int] = []
+        self._front_cand: list[list[int]] = []  # per level: the frontier's candidate indices
+        # Per-level frontier arrays the draft is fed from; level L lives at slot L-1 and stays valid until reset().
         self._front_tokens = np.empty((d + 1, k), dtype=np.int64)
         self._front_rows = np.empty((d + 1, k), dtype=np.int64)
         self._front_mask = np.zeros((d + 1, k, (d + 1) * k), dtype=bool)
         for s in range(d + 1):  # each level's own k rows: the identity block, the same every round
             self._front_mask[s, :, s * k:(s + 1) * k] = np.eye(k, dtype=bool)
+        self._front_rows[0] = 0  # level 1 is fed from the last context row
+        if k == 1:  # a chain: every node's parent is row 0 and every earlier row is an ancestor, every round
+            self._front_rows[:] = 0
+            for s in range(d + 1):
+                self._front_mask[s, 0, :s + 1] = True
         self._frontiers = [self._make_frontier(level) for level in range(1, d + 2)]
-        self._row_of_child = np.repeat(np.arange(k, dtype=np.int64), k)  # child c of a level: frontier row c // k
         self._shapes: dict[bytes, VerifyTree] = {}
         self.reset()
 
     def reset(self) -> None:
         """Forget the current round (buffers are reused, not reallocated)."""
-        self._count = 0
-        self._levels = 0  # frontiers produced so far
+        for lst in (self._scores, self._tokens, self._parent, self._level, self._front_cand):
+            lst.clear()
 
     @property
     def num_candidates(self) -> int:
-        return self._count
+        return len(self._scores)
 
     @property
     def scores(self) -> np.ndarray:
-        """Cumulative log-prob of every candidate so far, in generation order (read-only view)."""
-        return self._view(self._scores)
+        """Cumulative log-prob of every candidate so far, in generation order (a read-only copy)."""
+        return _frozen(self._scores, np.float64)
 
     @property
     def candidate_tokens(self) -> np.ndarray:
-        return self._view(self._tokens)
+        return _frozen(self._tokens, np.int64)
 
     @property
     def candidate_parents(self) -> np.ndarray:
         """Candidate index of each candidate's parent, -1 for level-1 nodes (the root)."""
-        return self._view(self._parent)
+        return _frozen(self._parent, np.int64)
 
-    def _view(self, buf: np.ndarray) -> np.ndarray:
-        v = buf[: self._count]
-        v.flags.writeable = False
-        return v
-
-    def _check(self, logp: np.ndarray, ids: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    def _rows(self, logp, ids, rows: int) -> tuple[list[list[float]], list[list[int]]]:
+        """The first top_k columns of logp/ids [rows, >= top_k] as lists, checked."""
         k = self.params.top_k
         if type(logp) is not np.ndarray or type(ids) is not np.ndarray:
             logp, ids = np.asarray(logp), np.asarray(ids)
         if logp.ndim != 2 or logp.shape != ids.shape or logp.shape[0] != rows or logp.shape[1] < k:
             raise ValueError(f"expected logp/ids of shape [{rows}, >={k}], got {logp.shape} and {ids.shape}")
-        logp, ids = logp[:, :k], ids[:, :k]
-        # Log-probs <= 0 (NaN fails too: max propagates it) is what makes a parent outscore its children.
-        if not logp.max() <= 0:
-            raise ValueError("log-probs must be <= 0 and not NaN")
         if ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be integers, got {ids.dtype}")
-        return logp, ids
+        lp = logp[:, :k].tolist()
+        # Log-probs <= 0 (NaN fails too) is what makes a parent outscore its children.
+        if not all(v <= 0 for row in lp for v in row):
+            raise ValueError("log-probs must be <= 0 and not NaN")
+        return lp, ids[:, :k].tolist()
 
     def _make_frontier(self, level: int) -> Frontier:
         s, k = level - 1, self.params.top_k
@@ -194,19 +196,16 @@ class TreeGrower:
 
     def add_root_children(self, logp: np.ndarray, ids: np.ndarray) -> Frontier:
         """Level 1: the root's top_k tokens (logp/ids sorted descending, length >= top_k)."""
-        if self._levels:
+        if self._front_cand:
             raise RuntimeError("add_root_children called twice without reset()")
-        logp, ids = self._check(np.asarray(logp)[None], np.asarray(ids)[None], 1)
+        (lp,), (tk,) = self._rows(np.asarray(logp)[None], np.asarray(ids)[None], 1)
         k = self.params.top_k
-        self._scores[:k] = logp[0]
-        self._tokens[:k] = ids[0]
-        self._parent[:k] = -1
-        self._level[:k] = 1
-        self._count = k
-        self._front_cand[0] = np.arange(k)
-        self._front_tokens[0] = ids[0]
-        self._front_rows[0] = 0  # level 1 is fed from the last context row
-        self._levels = 1
+        self._scores.extend(lp)
+        self._tokens.extend(tk)
+        self._parent.extend([-1] * k)
+        self._level.extend([1] * k)
+        self._front_cand.append(list(range(k)))
+        self._front_tokens[0] = tk
         return self._frontiers[0]
 
     def add_children(self, logp: np.ndarray, ids: np.ndarray) -> Frontier:
@@ -214,71 +213,67 @@ class TreeGrower:
 
         Row i of logp/ids is the draft's sorted top-K for frontier node i.
         """
-        if not self._levels:
+        levels = len(self._front_cand)
+        if not levels:
             raise RuntimeError("add_children before add_root_children")
-        if self._levels > self.params.depth:
+        if levels > self.params.depth:
             raise RuntimeError(f"tree already has depth {self.params.depth} draft levels")
         k = self.params.top_k
-        s = self._levels - 1  # slot of the current frontier
-        logp, ids = self._check(logp, ids, k)
-        base, n = self._count, k * k
-        end = base + n
-        fed = self._levels * k
-        if k == 1:  # a chain: one child, no ranking
-            parent = int(self._front_cand[s, 0])
-            self._scores[base] = self._scores[parent] + float(logp[0, 0])
-            token = self._tokens[base] = ids[0, 0]
-            self._parent[base] = parent
-            self._front_cand[s + 1, 0] = base
-            self._front_tokens[s + 1, 0] = token
-            self._front_rows[s + 1, 0] = 0
-            self._front_mask[s + 1, 0, :fed] = True
+        lp, tk = self._rows(logp, ids, k)
+        parents = self._front_cand[levels - 1]
+        base = len(self._scores)
+        sc = self._scores
+        new = [sc[p] + v for p, row in zip(parents, lp, strict=True) for v in row]  # row-major: (node i, child j)
+        sc.extend(new)
+        for row in tk:
+            self._tokens.extend(row)
+        for p in parents:
+            self._parent.extend([p] * k)
+        self._level.extend([levels + 1] * (k * k))
+        # Best k children: score descending, candidate index ascending (sorted is stable, reverse=True included).
+        best = sorted(range(k * k), key=new.__getitem__, reverse=True)[:k] if k > 1 else [0]
+        s = levels  # slot of the new frontier
+        self._front_cand.append([base + b for b in best])
+        if k == 1:  # a chain: parent row 0 and an all-ancestors mask, set once in __init__
+            self._front_tokens[s, 0] = tk[0][0]
         else:
-            parents = self._front_cand[s]
-            scores = self._scores[base:end]
-            np.add(self._scores[parents][:, None], logp, out=scores.reshape(k, k))
-            self._tokens[base:end] = ids.ravel()
-            self._parent[base:end] = parents[self._row_of_child]
-            best = _top_order(scores)[:k]
-            rows = self._row_of_child[best]  # parent's index in the current frontier = its row in the draft output
-            self._front_cand[s + 1] = best + base
-            self._front_tokens[s + 1] = self._tokens[base + best]
-            self._front_rows[s + 1] = rows
-            self._front_mask[s + 1, :, :fed] = self._front_mask[s, rows, :fed]
-        self._level[base:end] = self._levels + 1
-        self._count = end
-        self._levels += 1
-        return self._frontiers[s + 1]
+            rows = [b // k for b in best]  # parent's index in the current frontier = its row in the draft output
+            self._front_tokens[s] = [tk[b // k][b % k] for b in best]
+            self._front_rows[s] = rows
+            fed, fm = levels * k, self._front_mask
+            for i, r in enumerate(rows):  # row by row: cheaper than one fancy-indexed copy for small k
+                fm[s, i, :fed] = fm[s - 1, r, :fed]
+        return self._frontiers[s]
 
     def select(self, total_tokens: int, root_token: int) -> VerifyTree:
         """The total_tokens best candidates in generation order, under the root (tree index 0)."""
-        count = self._count
+        count = len(self._scores)
         if not 1 <= total_tokens <= count:
             raise ValueError(f"total_tokens={total_tokens} outside 1..{count} generated candidates")
         if total_tokens == count:
-            chosen = np.arange(count)
+            chosen = range(count)
         else:
-            chosen = np.sort(_top_order(self._scores[:count])[:total_tokens])
-        # Map candidate index -> tree index (root's children point at tree index 0).
-        tree_of = np.empty(count + 1, dtype=np.int64)  # slot count: "the root", reached through parent -1
-        tree_of[:] = -1
-        tree_of[count] = 0
-        tree_of[chosen] = np.arange(1, total_tokens + 1)
-        parents = np.empty(total_tokens + 1, dtype=np.int64)
-        parents[0] = -1
-        parents[1:] = tree_of[self._parent[chosen]]  # parent -1 indexes slot count
-        tokens = np.empty(total_tokens + 1, dtype=np.int64)
-        tokens[0] = root_token
-        tokens[1:] = self._tokens[chosen]
+            chosen = sorted(sorted(range(count), key=self._scores.__getitem__, reverse=True)[:total_tokens])
+        tree_of = {c: i for i, c in enumerate(chosen, start=1)}
+        tree_of[-1] = 0  # the root
+        cand_parent, cand_token = self._parent, self._tokens
+        parents = np.array([-1, *(tree_of.get(cand_parent[c], -1) for c in chosen)], dtype=np.int64)
+        tokens = np.array([root_token, *(cand_token[c] for c in chosen)], dtype=np.int64)
         key = parents.tobytes()
         shape = self._shapes.get(key)
         if shape is None:
             if np.any(parents[1:] < 0):
                 raise RuntimeError("selection is not connected: a selected node's parent was not selected")
             shape = VerifyTree.from_parents(tokens, parents)
-            if not np.array_equal(shape.depths[1:], self._level[chosen]):
+            if shape.depths[1:].tolist() != [self._level[c] for c in chosen]:
                 raise RuntimeError("tree depths disagree with generation levels")
             if len(self._shapes) >= self.SHAPE_CACHE:
                 self._shapes.clear()
             self._shapes[key] = shape.freeze()
         return shape.with_tokens(tokens)
+
+
+def _frozen(values: list, dtype) -> np.ndarray:
+    a = np.array(values, dtype=dtype)
+    a.flags.writeable = False
+    return a

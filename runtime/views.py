@@ -26,6 +26,9 @@ class BufferView(NamedTuple):
     index: int
 
 
+_new_view = tuple.__new__  # BufferView from a tuple without NamedTuple's Python-level __new__ (hot loop)
+
+
 def view_of(x: torch.Tensor | np.ndarray | BufferView) -> BufferView:
     """The BufferView of a contiguous tensor or array (a BufferView is returned as it is)."""
     if type(x) is BufferView:
@@ -60,6 +63,7 @@ class RowBuffers:
         self._addresses = [b.data_ptr() for b in buffers]
         dev = first.device
         self._type, self._dev, self._idx = TORCH_TO_NP[first.dtype], dev.type, dev.index or 0
+        self._heads: dict[int, list[BufferView]] = {}
 
     def check(self, start: int, count: int) -> None:
         if start < 0 or count < 0 or start + count > self.rows:
@@ -74,7 +78,14 @@ class RowBuffers:
         """The same rows as BufferViews, by address arithmetic."""
         self.check(start, count)
         off, shape, t, d, i = start * self._row_bytes, (1, count, *self._tail), self._type, self._dev, self._idx
-        return [BufferView(a + off, t, shape, d, i) for a in self._addresses]
+        return [_new_view(BufferView, (a + off, t, shape, d, i)) for a in self._addresses]
+
+    def head(self, count: int) -> list[BufferView]:
+        """``views(0, count)``, made once per count (the loop binds the same leading rows call after call)."""
+        got = self._heads.get(count)
+        if got is None:
+            got = self._heads[count] = self.views(0, count)
+        return got
 
 
 class HostScratch:
@@ -100,4 +111,4 @@ class HostScratch:
     def view(self, shape: tuple[int, ...]) -> BufferView:
         """The BufferView of ``take(shape)`` (same memory)."""
         self._size(shape)
-        return BufferView(self._address, self._type, shape, "cpu", 0)
+        return _new_view(BufferView, (self._address, self._type, shape, "cpu", 0))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import pytest
 import torch
 
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.kv_cache import KVCache
+from eagle_export.runtime.views import view_of
 from eagle_export.tree_params import TreeParams
 
 
@@ -20,12 +22,14 @@ def test_buffers_are_allocated_once_and_loop_allocates_nothing_cache_sized(model
     _, _, art = models("gqa", max_seq_len=2048)
     rt = EagleRuntime.open(art, threads=1)
     gen = rt.generator
-    buffers = [*gen.tcache.buffers, *gen.dcache.buffers]
+    buffers = [*gen.tcache.buffers, *gen.dcache.buffers, *gen.tcache.new_buffers, *gen.dcache.new_buffers]
     ptrs = [b.data_ptr() for b in buffers]
-    smallest = min(b.numel() * b.element_size() for b in buffers)
+    smallest = min(b.numel() * b.element_size() for b in (*gen.tcache.buffers, *gen.dcache.buffers))
     prompt = list(range(3, 40))
     tree = TreeParams(top_k=4, depth=3, total_tokens=10)
-    rt.generate(prompt_ids=prompt, max_new_tokens=8, tree=tree, stop_on_eos=False)  # warm-up
+    # Warm-up: the same generation, so the tree grower has met every verify-tree shape it will build (it keeps
+    # one structure per shape, a bounded cache of small arrays).
+    rt.generate(prompt_ids=prompt, max_new_tokens=64, tree=tree, stop_on_eos=False)
 
     # Torch allocations inside the loop (commit gathers, feature gathers, argmax): none may be cache-sized.
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -41,7 +45,8 @@ def test_buffers_are_allocated_once_and_loop_allocates_nothing_cache_sized(model
     assert peak < smallest / 2, "a cache-sized numpy/python allocation happened inside the loop"
     # Same buffers, same addresses: the graphs wrote into them in place.
     assert [b.data_ptr() for b in buffers] == ptrs
-    assert all(b is c for b, c in zip(buffers, [*gen.tcache.buffers, *gen.dcache.buffers], strict=True))
+    assert all(b is c for b, c in zip(buffers, [*gen.tcache.buffers, *gen.dcache.buffers, *gen.tcache.new_buffers,
+                                                *gen.dcache.new_buffers], strict=True))
 
 
 def test_loop_writes_kv_into_the_preallocated_buffers(models):
@@ -57,14 +62,22 @@ def test_loop_writes_kv_into_the_preallocated_buffers(models):
         np.testing.assert_allclose(got.numpy(), want[0, :committed].numpy(), atol=1e-4)
 
 
-def test_commit_moves_only_accepted_rows():
-    cache = KVCache(num_layers=1, kv_heads=1, head_dim=2, capacity=16, dtype=torch.float32)
-    for b in cache.buffers:
-        b[0, :, 0, 0] = torch.arange(16, dtype=torch.float32)
-    before = [b.clone() for b in cache.buffers]
-    cache.commit(4, np.array([0, 2, 5]))  # rows 4, 6, 9 -> 4, 5, 6
-    for b, old in zip(cache.buffers, before, strict=True):
-        assert b[0, 4:7, 0, 0].tolist() == [4.0, 6.0, 9.0]
-        assert torch.equal(b[0, :4], old[0, :4]) and torch.equal(b[0, 7:], old[0, 7:])
-    cache.commit(4, np.array([0, 1, 2]))  # already in place: nothing moves
-    assert cache.buffers[0][0, 4:7, 0, 0].tolist() == [4.0, 6.0, 9.0]
+def test_write_copies_new_rows_into_the_cache():
+    cache = KVCache(num_layers=1, kv_heads=1, head_dim=2, capacity=16, dtype=torch.float32, new_rows=6)
+    for i, b in enumerate(cache.new_buffers):
+        b[0, :, 0, 0] = torch.arange(6, dtype=torch.float32) + 10 * i
+    cache.write(4, 3)  # a prefill chunk or a draft call: every new row, in order
+    for i, b in enumerate(cache.buffers):
+        assert b[0, 4:7, 0, 0].tolist() == [10 * i, 10 * i + 1, 10 * i + 2]
+        assert not b[0, :4].any() and not b[0, 7:].any()
+    cache.write_rows(8, np.array([0, 2, 5]))  # a verify: the accepted path only
+    for i, b in enumerate(cache.buffers):
+        assert b[0, 8:11, 0, 0].tolist() == [10 * i, 10 * i + 2, 10 * i + 5]
+        assert b[0, 4:7, 0, 0].tolist() == [10 * i, 10 * i + 1, 10 * i + 2] and not b[0, 11:].any()
+    for bad in (lambda: cache.write(14, 3), lambda: cache.write(0, 7), lambda: cache.write_rows(0, np.array([6])),
+                lambda: cache.write_rows(15, np.array([0, 1]))):
+        with pytest.raises(IndexError):
+            bad()
+    # Graphs bind the scratch at row 0 (a fixed address) and the cache prefix by length.
+    assert cache.new_views(4)[1] == view_of(cache.new_rows(4)[1])
+    assert cache.views(0, 5)[0] == view_of(cache.rows(0, 5)[0])

@@ -185,9 +185,10 @@ def test_runtime_allocates_buffers_once(artifact):
     assert len(g.tcache.buffers) == 2 * m.target.num_layers and len(g.dcache.buffers) == 2
 
     def pointers() -> list[int]:
-        tensors = [*g.tcache.buffers, *g.dcache.buffers, g.logits, g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in,
-                   g.dhidden_in]
-        return [t.data_ptr() for t in tensors] + [g._mask.ctypes.data]
+        tensors = [*g.tcache.buffers, *g.dcache.buffers, *g.tcache.new_buffers, *g.dcache.new_buffers, g.logits,
+                   g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in, g.dhidden_in]
+        scratch = [g._mask, g._ids, g._pos, g._lidx]
+        return [t.data_ptr() for t in tensors] + [s.array.ctypes.data for s in scratch]
 
     before = pointers()
     a = rt.generate(prompt_ids=[3, 9, 27, 33, 40], max_new_tokens=20, stop_on_eos=False)
