@@ -33,6 +33,7 @@ class OrtGraph:
         except Exception as e:
             raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): {e}") from e
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+        self._rebind_host = self.device != "cpu"  # a CUDA session copies host inputs when they are bound
         self.binding = self.session.io_binding()
         # ONNX Runtime's public bind_input/bind_output build an OrtDevice on every call (~2/3 of a bind's cost, and a
         # target call binds 2 x layers cache views); the C binding takes one made once. Private API of the pinned
@@ -57,11 +58,11 @@ class OrtGraph:
         if inputs.keys() != self.input_names or outputs.keys() != self.output_names:
             raise ValueError(f"run needs exactly the graph's inputs {sorted(self.input_names)} and outputs "
                              f"{sorted(self.output_names)}")
-        bound, device = self._bound_in, self.device
+        bound, rebind_host = self._bound_in, self._rebind_host
         for name, x in inputs.items():
             if type(x) is not BufferView:
                 x = view_of(x)
-            if bound.get(name) != x or x.device != device:
+            if bound.get(name) != x or (rebind_host and x[3] == "cpu"):
                 self._bind(name, x, True)
         bound = self._bound_out
         for name, x in outputs.items():
@@ -77,14 +78,19 @@ class OrtGraph:
         ptr, typ, shape, dev, idx = key
         if self._raw is None:
             (self.binding.bind_input if is_input else self.binding.bind_output)(name, dev, idx, typ, shape, ptr)
-        else:
-            device = self._devices.get((dev, idx))
-            if device is None:  # what the public calls build each time
-                from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
+            (self._bound_in if is_input else self._bound_out)[name] = key
+            return
+        device = self._devices.get((dev, idx))
+        if device is None:  # what the public calls build each time
+            from onnxruntime.capi.onnxruntime_inference_collection import OrtDevice
 
-                device = self._devices[dev, idx] = OrtDevice.make(dev, idx)._get_c_device()
-            (self._raw.bind_input if is_input else self._raw.bind_output)(name, device, typ, list(shape), ptr)
-        (self._bound_in if is_input else self._bound_out)[name] = key
+            device = self._devices[dev, idx] = OrtDevice.make(dev, idx)._get_c_device()
+        if is_input:
+            self._raw.bind_input(name, device, typ, list(shape), ptr)  # a list: pybind converts it faster than a tuple
+            self._bound_in[name] = key
+        else:
+            self._raw.bind_output(name, device, typ, list(shape), ptr)
+            self._bound_out[name] = key
 
 
 class OrtBackend:
