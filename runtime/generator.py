@@ -1,7 +1,9 @@
 """The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit.
 
-Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with tensors it
-allocated once (caches, output scratch, mask scratch), so ONNX Runtime and TensorRT share it.
+Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with buffers it
+allocated once (caches and their new-rows scratch, output scratch, host arrays for ids, positions and
+masks), so ONNX Runtime and TensorRT share it. A backend that binds by address (``binds_views``) gets
+``BufferView``s of those buffers, made by arithmetic; others get torch tensors and numpy arrays.
 
 Decoding is greedy unless a ``SamplingParams`` with temperature > 0 is given: then every place
 that takes the target's argmax (the prefill's root, the no-draft step, the verify acceptance)
@@ -129,10 +131,12 @@ class Generator:
         self._lidx = HostScratch(verify_rows, np.int64)
         self._arange = np.arange(verify_rows, dtype=np.int64)
         self._arange_rows = np.arange(rows, dtype=np.int64)
+        self._tri = np.tri(rows, dtype=np.bool_)  # causal blocks of context passes and prefill chunks
+        self._draft_pos_limit = d.max_position_embeddings
         self._growers: dict[TreeParams, TreeGrower] = {}
         self.eos = set(t.eos_token_ids)
-        self._names = {g: (C.past_names(n), C.present_names(n)) for g, n in ((C.TARGET_GRAPH, t.num_layers),
-                                                                             (C.DRAFT_GRAPH, 1))}
+        self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
+        self._draft_names = (C.past_names(1), C.present_names(1))
         self.vocab = t.vocab_size
 
     # ---- host access to the buffers ----------------------------------------------------------
@@ -184,9 +188,9 @@ class Generator:
         return cache.new_views(count) if self._views else cache.new_rows(count)
 
     def _causal_mask(self, new: int, past: int) -> None:
-        mask = self._take(self._mask, 1, new, past + new)
-        mask[0, :, :past] = True
-        mask[0, :, past:] = np.tri(new, dtype=np.bool_)
+        mask = self._take(self._mask, new, past + new)
+        mask[:, :past] = True
+        mask[:, past:] = self._tri[:new, :new]
 
     def _run_target(self, n: int, r: int, past: int) -> None:
         """Target call on ids/positions/mask/logit indices already in the scratch arrays: n new tokens after
@@ -195,7 +199,7 @@ class Generator:
         inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
                   C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
                   C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
-        past_names, present_names = self._names[C.TARGET_GRAPH]
+        past_names, present_names = self._target_names
         inputs.update(zip(past_names, self._past(self.tcache, past), strict=True))
         outputs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
         outputs.update(zip(present_names, self._present(self.tcache, n), strict=True))
@@ -208,7 +212,7 @@ class Generator:
                   C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
                   C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
                   C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
-        past_names, present_names = self._names[C.DRAFT_GRAPH]
+        past_names, present_names = self._draft_names
         inputs.update(zip(past_names, self._past(self.dcache, past), strict=True))
         outputs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
                    C.HIDDEN: self._buf("dhidden", n)}
@@ -217,9 +221,9 @@ class Generator:
         self.dcache.write(past, n)
         self.stats.draft_forwards += 1
         self._last_row = n - 1
-        limit = self.m.draft.max_position_embeddings
+        limit = self._draft_pos_limit
         last = int(self._pos.array[n - 1])  # positions never decrease along a call
-        if self.stats.draft_beyond_position_limit is None and last >= limit:
+        if last >= limit and self.stats.draft_beyond_position_limit is None:
             self.stats.draft_beyond_position_limit = last
             if not self._warned_draft_limit:
                 self._warned_draft_limit = True

@@ -219,6 +219,8 @@ class TreeGrower:
         if levels > self.params.depth:
             raise RuntimeError(f"tree already has depth {self.params.depth} draft levels")
         k = self.params.top_k
+        if k == 1:
+            return self._add_chain_child(logp, ids, levels)
         lp, tk = self._rows(logp, ids, k)
         parents = self._front_cand[levels - 1]
         base = len(self._scores)
@@ -231,19 +233,37 @@ class TreeGrower:
             self._parent.extend([p] * k)
         self._level.extend([levels + 1] * (k * k))
         # Best k children: score descending, candidate index ascending (sorted is stable, reverse=True included).
-        best = sorted(range(k * k), key=new.__getitem__, reverse=True)[:k] if k > 1 else [0]
+        best = sorted(range(k * k), key=new.__getitem__, reverse=True)[:k]
         s = levels  # slot of the new frontier
         self._front_cand.append([base + b for b in best])
-        if k == 1:  # a chain: parent row 0 and an all-ancestors mask, set once in __init__
-            self._front_tokens[s, 0] = tk[0][0]
-        else:
-            rows = [b // k for b in best]  # parent's index in the current frontier = its row in the draft output
-            self._front_tokens[s] = [tk[b // k][b % k] for b in best]
-            self._front_rows[s] = rows
-            fed, fm = levels * k, self._front_mask
-            for i, r in enumerate(rows):  # row by row: cheaper than one fancy-indexed copy for small k
-                fm[s, i, :fed] = fm[s - 1, r, :fed]
+        rows = [b // k for b in best]  # parent's index in the current frontier = its row in the draft output
+        self._front_tokens[s] = [tk[b // k][b % k] for b in best]
+        self._front_rows[s] = rows
+        fed, fm = levels * k, self._front_mask
+        for i, r in enumerate(rows):  # row by row: cheaper than one fancy-indexed copy for small k
+            fm[s, i, :fed] = fm[s - 1, r, :fed]
         return self._frontiers[s]
+
+    def _add_chain_child(self, logp, ids, levels: int) -> Frontier:
+        """``add_children`` for top_k 1: one child, no ranking; parent row 0 and the all-ancestors mask are set
+        once in ``__init__``."""
+        if type(logp) is not np.ndarray or type(ids) is not np.ndarray:
+            logp, ids = np.asarray(logp), np.asarray(ids)
+        if logp.ndim != 2 or logp.shape != ids.shape or logp.shape[0] != 1 or logp.shape[1] < 1:
+            raise ValueError(f"expected logp/ids of shape [1, >=1], got {logp.shape} and {ids.shape}")
+        if ids.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        lp, tok = float(logp[0, 0]), int(ids[0, 0])
+        if not lp <= 0:
+            raise ValueError("log-probs must be <= 0 and not NaN")
+        parent = self._front_cand[levels - 1][0]
+        self._front_cand.append([len(self._scores)])
+        self._scores.append(self._scores[parent] + lp)
+        self._tokens.append(tok)
+        self._parent.append(parent)
+        self._level.append(levels + 1)
+        self._front_tokens[levels, 0] = tok
+        return self._frontiers[levels]
 
     def select(self, total_tokens: int, root_token: int) -> VerifyTree:
         """The total_tokens best candidates in generation order, under the root (tree index 0)."""

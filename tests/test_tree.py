@@ -161,6 +161,22 @@ def test_bad_inputs():
         g.select(0, ROOT)
 
 
+def test_bad_inputs_chain():
+    """top_k 1 has its own fast path: it refuses the same bad input."""
+    g = TreeGrower(TreeParams(top_k=1, depth=2, total_tokens=3))
+    g.add_root_children(np.array([-1.0]), np.array([1]))
+    for logp, ids in ((np.array([[0.5]]), np.array([[2]])), (np.array([[np.nan]]), np.array([[2]])),
+                      (np.array([[-1.0], [-1.0]]), np.array([[2], [3]])), (np.array([[-1.0]]), np.array([[2.0]]))):
+        with pytest.raises(ValueError):
+            g.add_children(logp, ids)
+    g.add_children([[-0.5, -3.0]], [[2, 9]])  # lists are fine; extra columns are ignored
+    g.add_children(np.array([[-0.25]]), np.array([[3]]))
+    with pytest.raises(RuntimeError):
+        g.add_children(np.array([[-0.25]]), np.array([[4]]))  # past depth
+    check_tree(g.select(3, ROOT), [ROOT, 1, 2, 3], [-1, 0, 1, 2], [0, 1, 2, 3])
+    np.testing.assert_array_equal(g.scores, [-1.0, -1.5, -1.75])
+
+
 def test_from_parents_rejects_bad_order():
     with pytest.raises(ValueError):
         VerifyTree.from_parents(np.array([1, 2, 3]), np.array([-1, 2, 0]))
