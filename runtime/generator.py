@@ -137,6 +137,9 @@ class Generator:
         self.eos = set(t.eos_token_ids)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
         self._draft_names = (C.past_names(1), C.present_names(1))
+        # Per call shape, the bindings that never move (host-array views, output rows, new-rows scratch), made once:
+        # bounded by the distinct (rows, logit rows / feature rows) a session meets, at most a few hundred.
+        self._io_memo: dict[tuple, tuple[dict, dict]] = {}
         self.vocab = t.vocab_size
 
     # ---- host access to the buffers ----------------------------------------------------------
@@ -192,31 +195,50 @@ class Generator:
         mask[:, :past] = True
         mask[:, past:] = self._tri[:new, :new]
 
+    def _target_io(self, n: int, r: int) -> tuple[dict, dict]:
+        """The target call's bindings that depend only on (n, r), made once: inputs but the mask and the past,
+        and every output."""
+        key = (n, r)
+        io = self._io_memo.get(key)
+        if io is None:
+            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
+                   C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
+            outs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
+            outs.update(zip(self._target_names[1], self._present(self.tcache, n), strict=True))
+            io = self._io_memo[key] = (ins, outs)
+        return io
+
+    def _draft_io(self, n: int, feat_rows: int) -> tuple[dict, dict]:
+        """As ``_target_io`` for a draft call of n rows, ``feat_rows`` of them from target features."""
+        key = (n, feat_rows, "draft")
+        io = self._io_memo.get(key)
+        if io is None:
+            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
+                   C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
+                   C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
+            outs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
+                    C.HIDDEN: self._buf("dhidden", n)}
+            outs.update(zip(self._draft_names[1], self._present(self.dcache, n), strict=True))
+            io = self._io_memo[key] = (ins, outs)
+        return io
+
     def _run_target(self, n: int, r: int, past: int) -> None:
         """Target call on ids/positions/mask/logit indices already in the scratch arrays: n new tokens after
         ``past`` cached ones, logits for r rows. Their K/V land in the cache's new-rows scratch (the caller writes
         the rows it keeps)."""
-        inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
-                  C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
-                  C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
-        past_names, present_names = self._target_names
-        inputs.update(zip(past_names, self._past(self.tcache, past), strict=True))
-        outputs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
-        outputs.update(zip(present_names, self._present(self.tcache, n), strict=True))
+        fixed, outputs = self._target_io(n, r)
+        inputs = fixed.copy()
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
+        inputs.update(zip(self._target_names[0], self._past(self.tcache, past), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
     def _run_draft(self, n: int, feat_rows: int, past: int) -> None:
         """One draft call on ids/positions/mask in the scratch arrays: the first ``feat_rows`` rows are fed
         from target features (``dfeats_in``), the rest from fed-back hiddens (``dhidden_in``)."""
-        inputs = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
-                  C.ATTENTION_MASK: self._host(self._mask, 1, n, past + n),
-                  C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
-                  C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
-        past_names, present_names = self._draft_names
-        inputs.update(zip(past_names, self._past(self.dcache, past), strict=True))
-        outputs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
-                   C.HIDDEN: self._buf("dhidden", n)}
-        outputs.update(zip(present_names, self._present(self.dcache, n), strict=True))
+        fixed, outputs = self._draft_io(n, feat_rows)
+        inputs = fixed.copy()
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
+        inputs.update(zip(self._draft_names[0], self._past(self.dcache, past), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self.dcache.write(past, n)
         self.stats.draft_forwards += 1
