@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Generator as PyGenerator
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -205,7 +206,7 @@ class Generator:
                    C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
             outs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
             outs.update(zip(self._target_names[1], self._present(self.tcache, n), strict=True))
-            io = self._io_memo[key] = (ins, outs)
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))  # read-only: a backend may skip rechecking it
         return io
 
     def _draft_io(self, n: int, feat_rows: int) -> tuple[dict, dict]:
@@ -219,7 +220,7 @@ class Generator:
             outs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
                     C.HIDDEN: self._buf("dhidden", n)}
             outs.update(zip(self._draft_names[1], self._present(self.dcache, n), strict=True))
-            io = self._io_memo[key] = (ins, outs)
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
     def _run_target(self, n: int, r: int, past: int) -> None:

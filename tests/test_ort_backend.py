@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 import onnx
 import pytest
@@ -78,3 +80,24 @@ def test_non_contiguous_is_refused(graph):
     x = torch.zeros(4)[::2]
     with pytest.raises(ValueError, match="contiguous"):
         graph.run({"x": x, "y": x}, {"z": torch.zeros(2)})
+
+
+def test_a_read_only_outputs_mapping_seen_last_run_is_not_rechecked(graph, monkeypatch):
+    calls = count_binds(graph, monkeypatch)
+    x, y = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
+    z = torch.zeros(8)
+    outs = MappingProxyType({"z": z[:4]})
+    graph.run({"x": x, "y": y}, outs)
+    assert sorted(calls) == ["x", "y", "z"] and graph._same_outputs is outs
+    calls.clear()
+    x[:] = 5
+    graph.run({"x": x, "y": y}, outs)  # the same read-only mapping: its binding stands, the run writes z[:4]
+    assert calls == [] and z[:4].tolist() == [6, 6, 6, 6]
+    other = MappingProxyType({"z": z[4:]})  # another mapping is checked and bound as usual
+    graph.run({"x": x, "y": y}, other)
+    assert calls == ["z"] and z[4:].tolist() == [6, 6, 6, 6]
+    calls.clear()
+    graph.run({"x": x, "y": y}, {"z": z[4:]})  # a plain dict is always checked (it could have been changed)
+    assert calls == [] and graph._same_outputs is None
+    with pytest.raises(ValueError, match="exactly the graph's inputs"):
+        graph.run({"x": x, "w": y}, outs)  # right count, a name the graph lacks

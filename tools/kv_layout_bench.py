@@ -1,0 +1,150 @@
+"""Measure the two KV-cache designs of docs/design.md on one artifact's target verify graph.
+
+    python -m eagle_export.tools.kv_layout_bench ARTIFACT [--tokens 8] [--past 32,128,512] [--repeats 40]
+
+The runtime binds the valid prefix of each cache buffer (``past_len`` = committed rows): attention
+follows the real length, but every call rebinds 2 x layers ``past_*`` views, because their length
+moved. The other design binds the whole capacity once and marks the rows past the committed length
+False in the attention mask: no rebinding, but every call attends over (and ONNX Runtime transposes)
+the whole capacity. The same graph serves both (its mask covers every key), so this program runs one
+verify-sized call both ways on the same buffers, side by side:
+
+- graph execution (``last_exec_s``, median) of each;
+- binding per call (the time around the run minus execution, median): the prefix design alternates
+  between two lengths so every call rebinds, as in a generation; the capacity design binds once;
+- the largest logits difference between the two (they compute the same thing; only summation order
+  may differ).
+
+Timings are for reading, not for pass/fail (the machine may be shared): run it where you deploy.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+
+from eagle_export import contract as C
+from eagle_export.errors import EagleExportError
+from eagle_export.runtime import EagleRuntime
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    past: int  # committed rows
+    prefix_exec_ms: float
+    capacity_exec_ms: float
+    prefix_bind_us: float
+    capacity_bind_us: float
+    max_logit_diff: float
+
+    @property
+    def exec_ratio(self) -> float:
+        return self.capacity_exec_ms / self.prefix_exec_ms
+
+
+def _call(gen, past_rows: int, valid: int, tokens: int, ids: np.ndarray) -> tuple[dict, dict]:
+    """A verify-sized call over ``past_rows`` bound cache rows of which the first ``valid`` are visible."""
+    t = tokens
+    mask = np.zeros((1, t, past_rows + t), dtype=np.bool_)
+    mask[0, :, :valid] = True
+    mask[0, :, past_rows:] = np.tri(t, dtype=np.bool_)
+    inputs = {C.INPUT_IDS: ids.reshape(1, t), C.POSITION_IDS: np.arange(valid, valid + t).reshape(1, t),
+              C.ATTENTION_MASK: mask, C.LOGIT_INDICES: np.arange(t).reshape(1, t)}
+    past_names, present_names = C.past_names(gen.m.target.num_layers), C.present_names(gen.m.target.num_layers)
+    inputs.update(zip(past_names, gen.tcache.views(0, past_rows), strict=True))
+    outputs = {C.LOGITS: gen.logits[:, :t], C.FEATURES: gen.tfeats[:, :t]}
+    outputs.update(zip(present_names, gen.tcache.new_views(t), strict=True))
+    return inputs, outputs
+
+
+def _timed(graph, inputs: dict, outputs: dict) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    graph.run(inputs, outputs)
+    total = time.perf_counter() - t0
+    return graph.last_exec_s, total - graph.last_exec_s
+
+
+def measure(artifact: str | Path, tokens: int = 8, pasts: tuple[int, ...] = (32, 128, 512), repeats: int = 40,
+            threads: int | None = None, seed: int = 0) -> tuple[int, list[LayoutRow]]:
+    """(capacity, one LayoutRow per past length) on ONNX Runtime."""
+    rt = EagleRuntime.open(artifact, threads=threads)
+    gen, capacity = rt.generator, rt.manifest.max_seq_len
+    if not 1 <= tokens <= rt.manifest.tree_limits.max_total_tokens + 1:
+        raise EagleExportError(f"--tokens must be in 1..{rt.manifest.tree_limits.max_total_tokens + 1}, got {tokens}")
+    bad = [p for p in pasts if not 1 <= p < capacity]
+    if bad:
+        raise EagleExportError(f"--past values must be in 1..{capacity - 1} (the artifact's capacity), got {bad}")
+    if repeats < 2:
+        raise EagleExportError(f"--repeats must be >= 2, got {repeats}")
+    g = torch.Generator().manual_seed(seed)
+    for b in gen.tcache.buffers:  # plausible K/V in every row, so the masked rows hold real numbers
+        b.copy_(torch.randn(b.shape, generator=g).to(b.dtype))
+    ids = np.random.default_rng(seed).integers(0, rt.manifest.target.vocab_size, tokens)
+    graph = rt.backend.graphs[C.TARGET_GRAPH]
+    rows = []
+    for past in pasts:
+        # Prefix design: alternate between past and past - 1 visible rows, so each call rebinds as in a generation.
+        prefix = [_call(gen, p, p, tokens, ids) for p in (past, max(past - 1, 1))]
+        full = [_call(gen, capacity, p, tokens, ids) for p in (past, max(past - 1, 1))]
+        graph.run(*prefix[0])
+        want = gen.logits[0, :tokens].clone()
+        graph.run(*full[0])
+        diff = float((gen.logits[0, :tokens] - want).abs().max())
+        got = {"prefix": ([], []), "full": ([], [])}
+        for block in range(4):  # blocks alternate which design goes first
+            for name in (("prefix", "full") if block % 2 == 0 else ("full", "prefix")):
+                calls = prefix if name == "prefix" else full
+                for i in range(repeats // 4 + 1):
+                    ex, bind = _timed(graph, *calls[i % 2])
+                    got[name][0].append(ex)
+                    got[name][1].append(bind)
+        med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in got.items()}
+        rows.append(LayoutRow(past, med["prefix"][0] * 1e3, med["full"][0] * 1e3, med["prefix"][1] * 1e6,
+                              med["full"][1] * 1e6, diff))
+    return capacity, rows
+
+
+def format_rows(capacity: int, tokens: int, rows: list[LayoutRow]) -> str:
+    lines = [f"target verify, {tokens} new tokens, capacity {capacity}: prefix views (the runtime) vs the whole "
+             "capacity bound once with a mask",
+             "",
+             f"{'past':>6}  {'prefix exec':>11}  {'capacity exec':>13}  {'ratio':>5}  {'prefix bind':>11}  "
+             f"{'capacity bind':>13}  {'max |dlogits|':>13}",
+             "-" * 86]
+    for r in rows:
+        lines.append(f"{r.past:>6}  {r.prefix_exec_ms:>8.3f} ms  {r.capacity_exec_ms:>10.3f} ms  "
+                     f"{r.exec_ratio:>4.2f}x  {r.prefix_bind_us:>8.1f} us  {r.capacity_bind_us:>10.1f} us  "
+                     f"{r.max_logit_diff:>13.2e}")
+    return "\n".join(lines)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from e
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--tokens", default=8, show_default=True, help="New tokens per call (a verify of that tree size).")
+@click.option("--past", "pasts", default="32,128,512", show_default=True, callback=lambda c, p, v: _ints(v),
+              help="Committed lengths to measure at.")
+@click.option("--repeats", default=40, show_default=True, help="Calls per design and length.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own).")
+def main(artifact: Path, tokens: int, pasts: tuple[int, ...], repeats: int, threads: int | None) -> None:
+    try:
+        capacity, rows = measure(artifact, tokens, pasts, repeats, threads)
+    except EagleExportError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(format_rows(capacity, tokens, rows))
+
+
+if __name__ == "__main__":
+    main()
