@@ -10,8 +10,9 @@ the whole capacity. The same graph serves both (its mask covers every key), so t
 verify-sized call both ways on the same buffers, side by side:
 
 - graph execution (``last_exec_s``, median) of each;
-- binding per call (the time around the run minus execution, median): the prefix design alternates
-  between two lengths so every call rebinds, as in a generation; the capacity design binds once;
+- binding per call (the time around the run minus execution, median), with the calls bound as the runtime
+  binds them: the prefix design alternates between two lengths so every call rebinds its ``past_*`` views
+  and mask, as in a generation; the capacity design keeps every binding;
 - the largest logits difference between the two (they compute the same thing; only summation order
   may differ).
 
@@ -24,6 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import click
 import numpy as np
@@ -32,6 +34,7 @@ import torch
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.views import HostScratch, view_of
 
 
 @dataclass(frozen=True)
@@ -48,19 +51,35 @@ class LayoutRow:
         return self.capacity_exec_ms / self.prefix_exec_ms
 
 
-def _call(gen, past_rows: int, valid: int, tokens: int, ids: np.ndarray) -> tuple[dict, dict]:
-    """A verify-sized call over ``past_rows`` bound cache rows of which the first ``valid`` are visible."""
-    t = tokens
-    mask = np.zeros((1, t, past_rows + t), dtype=np.bool_)
-    mask[0, :, :valid] = True
-    mask[0, :, past_rows:] = np.tri(t, dtype=np.bool_)
-    inputs = {C.INPUT_IDS: ids.reshape(1, t), C.POSITION_IDS: np.arange(valid, valid + t).reshape(1, t),
-              C.ATTENTION_MASK: mask, C.LOGIT_INDICES: np.arange(t).reshape(1, t)}
-    past_names, present_names = C.past_names(gen.m.target.num_layers), C.present_names(gen.m.target.num_layers)
-    inputs.update(zip(past_names, gen.tcache.views(0, past_rows), strict=True))
-    outputs = {C.LOGITS: gen.logits[:, :t], C.FEATURES: gen.tfeats[:, :t]}
-    outputs.update(zip(present_names, gen.tcache.new_views(t), strict=True))
-    return inputs, outputs
+class _Calls:
+    """Verify-sized calls bound the way the runtime binds them (BufferViews of reused host arrays, a read-only
+    outputs mapping), over the first ``bound`` cache rows (None: exactly the visible ones, the prefix design)."""
+
+    def __init__(self, gen, tokens: int, capacity: int, bound: int | None, ids: np.ndarray):
+        self.gen, self.t, self.bound = gen, tokens, bound
+        t = tokens
+        self.ids, self.pos, self.lidx = (HostScratch(t, np.int64) for _ in range(3))
+        self.mask = HostScratch(t * (capacity + t), np.bool_)
+        self.ids.take((t,))[:] = ids
+        self.lidx.take((t,))[:] = np.arange(t)
+        layers = gen.m.target.num_layers
+        self.past_names = C.past_names(layers)
+        outs = {C.LOGITS: view_of(gen.logits[:, :t]), C.FEATURES: view_of(gen.tfeats[:, :t])}
+        outs.update(zip(C.present_names(layers), gen.tcache.new_views(t), strict=True))
+        self.outputs = MappingProxyType(outs)
+
+    def __call__(self, valid: int) -> tuple[dict, MappingProxyType]:
+        t = self.t
+        rows = valid if self.bound is None else self.bound
+        mask = self.mask.take((t, rows + t))
+        mask[:, :valid] = True
+        mask[:, valid:rows] = False
+        mask[:, rows:] = np.tri(t, dtype=np.bool_)
+        self.pos.take((t,))[:] = np.arange(valid, valid + t)
+        inputs = {C.INPUT_IDS: self.ids.view((1, t)), C.POSITION_IDS: self.pos.view((1, t)),
+                  C.ATTENTION_MASK: self.mask.view((1, t, rows + t)), C.LOGIT_INDICES: self.lidx.view((1, t))}
+        inputs.update(zip(self.past_names, self.gen.tcache.views(0, rows), strict=True))
+        return inputs, self.outputs
 
 
 def _timed(graph, inputs: dict, outputs: dict) -> tuple[float, float]:
@@ -88,20 +107,21 @@ def measure(artifact: str | Path, tokens: int = 8, pasts: tuple[int, ...] = (32,
     ids = np.random.default_rng(seed).integers(0, rt.manifest.target.vocab_size, tokens)
     graph = rt.backend.graphs[C.TARGET_GRAPH]
     rows = []
+    prefix, full = _Calls(gen, tokens, capacity, None, ids), _Calls(gen, tokens, capacity, capacity, ids)
     for past in pasts:
-        # Prefix design: alternate between past and past - 1 visible rows, so each call rebinds as in a generation.
-        prefix = [_call(gen, p, p, tokens, ids) for p in (past, max(past - 1, 1))]
-        full = [_call(gen, capacity, p, tokens, ids) for p in (past, max(past - 1, 1))]
-        graph.run(*prefix[0])
+        graph.run(*prefix(past))
         want = gen.logits[0, :tokens].clone()
-        graph.run(*full[0])
+        graph.run(*full(past))
         diff = float((gen.logits[0, :tokens] - want).abs().max())
+        # The prefix design alternates between past and past - 1 visible rows, so every call rebinds as in a
+        # generation; the capacity design keeps its shapes (only the mask's values change).
+        lengths = (past, max(past - 1, 1))
         got = {"prefix": ([], []), "full": ([], [])}
         for block in range(4):  # blocks alternate which design goes first
             for name in (("prefix", "full") if block % 2 == 0 else ("full", "prefix")):
                 calls = prefix if name == "prefix" else full
                 for i in range(repeats // 4 + 1):
-                    ex, bind = _timed(graph, *calls[i % 2])
+                    ex, bind = _timed(graph, *calls(lengths[i % 2]))
                     got[name][0].append(ex)
                     got[name][1].append(bind)
         med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in got.items()}
