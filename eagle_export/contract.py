@@ -16,7 +16,7 @@ Conventions (both graphs):
   contiguous view, so the runtime binds it in place (no copy) and attention
   cost follows the real length, not the capacity.
 - ``present_*`` outputs hold only the K/V of the new tokens; the runtime binds
-  them straight into the cache rows that follow the past.
+  them to a fixed scratch and copies the rows it keeps into the cache.
 
 Draft step graph inputs (version 2): the draft's new rows come from two sources, the
 target's features (``features`` [batch, feature_rows, feature_dim]: fc applied inside the
