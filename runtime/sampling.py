@@ -95,7 +95,8 @@ def process_logits(logits, params: SamplingParams) -> np.ndarray:
             "the target produced non-finite logits (NaN or inf; an fp16 overflow?): cannot sample from them; "
             "try an fp32 export"
         )
-    x /= params.temperature
+    with np.errstate(over="ignore"):  # an overflow is reported just below, as a clear error
+        x /= params.temperature
     if not np.isfinite(x).all():
         raise GenerationError(
             f"temperature {params.temperature!r} is so small that logits / temperature overflows: use a larger "
