@@ -242,10 +242,15 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_d
     sys.exit(0 if report.passed else 1)
 
 
+# The prompt set of bench and tune (tools/bench.py reads it).
+_PROMPTS_FILE = click.option(
+    "--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
+    help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+
+
 @main.command("bench")
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+@_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt and mode (greedy, EOS ignored).")
 @click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
@@ -277,8 +282,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
 
 @main.command("tune")
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-              help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+@_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt, mode and setting (greedy, EOS ignored).")
 @click.option("--top-k", "top_k", default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")

@@ -172,11 +172,8 @@ class Generator:
             getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
 
     # ---- graph calls -------------------------------------------------------------------------
-    # Callers fill the host inputs (``_take``) and then call ``_run_target`` / ``_run_draft``, which bind them
-    # together with the buffers' rows.
-    def _take(self, scratch: HostScratch, *shape: int) -> np.ndarray:
-        return scratch.take(shape)
-
+    # Callers fill the host inputs (``_ids.array``, ``_pos.array``, ``_lidx.array`` from row 0; the mask through
+    # ``_mask.take``) and then call ``_run_target`` / ``_run_draft``, which bind them with the buffers' rows.
     def _host(self, scratch: HostScratch, *shape: int):
         return scratch.view(shape) if self._views else scratch.take(shape)  # scratch's memory, viewed as shape
 
@@ -192,7 +189,7 @@ class Generator:
         return cache.new_views(count) if self._views else cache.new_rows(count)
 
     def _causal_mask(self, new: int, past: int) -> None:
-        mask = self._take(self._mask, new, past + new)
+        mask = self._mask.take((new, past + new))
         mask[:, :past] = True
         mask[:, past:] = self._tri[:new, :new]
 
@@ -353,10 +350,10 @@ class Generator:
             e = min(n, s + self.chunk)
             c = e - s
             last = e == n
-            self._take(self._ids, c)[:] = prompt[s:e]
-            self._take(self._pos, c)[:] = np.arange(s, e)
+            self._ids.array[:c] = prompt[s:e]
+            self._pos.array[:c] = self._arange_rows[:c] + s
             self._causal_mask(c, s)
-            self._take(self._lidx, 1)[0] = c - 1
+            self._lidx.array[0] = c - 1
             self._run_target(c, 1, s)
             self.tcache.write(s, c)
             if last:
@@ -373,11 +370,11 @@ class Generator:
             if reason is not None:
                 return GenerationResult(out, reason, stats, n)
             if not use_draft:
-                self._take(self._lidx, 1)[0] = 0
+                self._lidx.array[0] = 0
                 while True:
-                    self._take(self._ids, 1)[0] = root
-                    self._take(self._pos, 1)[0] = L
-                    self._take(self._mask, 1, 1, L + 1)[...] = True
+                    self._ids.array[0] = root
+                    self._pos.array[0] = L
+                    self._mask.take((L + 1,))[:] = True
                     self._run_target(1, 1, L)
                     self.tcache.write(L, 1)
                     stats.rounds += 1
@@ -405,7 +402,7 @@ class Generator:
                     past = Ld + fed
                     self._gather("dhidden_in", "dhidden", frontier.parent_rows + ctx if level == 1
                                  else frontier.parent_rows)
-                    mask = self._take(self._mask, k, past + k)
+                    mask = self._mask.take((k, past + k))
                     mask[:, :Ld] = True
                     mask[:, Ld:] = frontier.tree_mask
                     self._ids.array[:k] = frontier.tokens
@@ -415,7 +412,7 @@ class Generator:
                 vt = grower.select(tree.total_tokens, root)
                 T = vt.num_nodes
                 # Verify the whole tree in one target forward.
-                mask = self._take(self._mask, T, L + T)
+                mask = self._mask.take((T, L + T))
                 mask[:, :L] = True
                 mask[:, L:] = vt.mask
                 self._ids.array[:T] = vt.tokens

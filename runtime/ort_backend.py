@@ -63,7 +63,7 @@ class OrtGraph:
         # Right after a graph run the host's caches are cold and every name touched costs ~1 us, so the checks stay
         # cheap: a count here, and a name this graph lacks is refused when it is bound (in _bind).
         if len(inputs) != self._n_in:
-            self._refuse(inputs, outputs)
+            self._refuse(f"got {sorted(inputs)} and {sorted(outputs)}")
         bound, rebind_host = self._bound_in, self._rebind_host
         for name, x in inputs.items():
             if type(x) is not BufferView:
@@ -72,7 +72,7 @@ class OrtGraph:
                 self._bind(name, x, True)
         if outputs is not self._same_outputs:  # a read-only mapping seen last run: every output is bound already
             if outputs.keys() != self.output_names:
-                self._refuse(inputs, outputs)
+                self._refuse(f"got {sorted(inputs)} and {sorted(outputs)}")
             bound = self._bound_out
             for name, x in outputs.items():
                 if type(x) is not BufferView:
@@ -84,14 +84,13 @@ class OrtGraph:
         self.session.run_with_iobinding(self.binding)
         self.last_exec_s = time.perf_counter() - t0
 
-    def _refuse(self, inputs, outputs):
+    def _refuse(self, got: str):
         raise ValueError(f"run needs exactly the graph's inputs {sorted(self.input_names)} and outputs "
-                         f"{sorted(self.output_names)}, got {sorted(inputs)} and {sorted(outputs)}")
+                         f"{sorted(self.output_names)}, {got}")
 
     def _bind(self, name: str, key: BufferView, is_input: bool) -> None:
         if name not in (self.input_names if is_input else self.output_names):
-            raise ValueError(f"run needs exactly the graph's inputs {sorted(self.input_names)} and outputs "
-                             f"{sorted(self.output_names)}: {name!r} is not one of them")
+            self._refuse(f"{name!r} is not one of them")
         ptr, typ, shape, dev, idx = key
         if self._raw is None:
             (self.binding.bind_input if is_input else self.binding.bind_output)(name, dev, idx, typ, shape, ptr)

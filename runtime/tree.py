@@ -112,6 +112,10 @@ class VerifyTree:
         return self
 
 
+# Log-probs <= 0 (NaN fails the test too) is what makes a parent outscore its children.
+_NOT_LOGPROBS = "log-probs must be <= 0 and not NaN"
+
+
 class TreeGrower:
     """Grows one round's draft tree; buffers and views are made once from the tree parameters.
 
@@ -172,8 +176,8 @@ class TreeGrower:
         """Candidate index of each candidate's parent, -1 for level-1 nodes (the root)."""
         return _frozen(self._parent, np.int64)
 
-    def _rows(self, logp, ids, rows: int) -> tuple[list[list[float]], list[list[int]]]:
-        """The first top_k columns of logp/ids [rows, >= top_k] as lists, checked."""
+    def _arrays(self, logp, ids, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """logp/ids as arrays of shape [rows, >= top_k] with integer ids, or a ValueError."""
         k = self.params.top_k
         if type(logp) is not np.ndarray or type(ids) is not np.ndarray:
             logp, ids = np.asarray(logp), np.asarray(ids)
@@ -181,10 +185,15 @@ class TreeGrower:
             raise ValueError(f"expected logp/ids of shape [{rows}, >={k}], got {logp.shape} and {ids.shape}")
         if ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        return logp, ids
+
+    def _rows(self, logp, ids, rows: int) -> tuple[list[list[float]], list[list[int]]]:
+        """The first top_k columns of logp/ids [rows, >= top_k] as lists, checked."""
+        k = self.params.top_k
+        logp, ids = self._arrays(logp, ids, rows)
         lp = logp[:, :k].tolist()
-        # Log-probs <= 0 (NaN fails too) is what makes a parent outscore its children.
         if not all(v <= 0 for row in lp for v in row):
-            raise ValueError("log-probs must be <= 0 and not NaN")
+            raise ValueError(_NOT_LOGPROBS)
         return lp, ids[:, :k].tolist()
 
     def _make_frontier(self, level: int) -> Frontier:
@@ -247,15 +256,10 @@ class TreeGrower:
     def _add_chain_child(self, logp, ids, levels: int) -> Frontier:
         """``add_children`` for top_k 1: one child, no ranking; parent row 0 and the all-ancestors mask are set
         once in ``__init__``."""
-        if type(logp) is not np.ndarray or type(ids) is not np.ndarray:
-            logp, ids = np.asarray(logp), np.asarray(ids)
-        if logp.ndim != 2 or logp.shape != ids.shape or logp.shape[0] != 1 or logp.shape[1] < 1:
-            raise ValueError(f"expected logp/ids of shape [1, >=1], got {logp.shape} and {ids.shape}")
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        logp, ids = self._arrays(logp, ids, 1)
         lp, tok = float(logp[0, 0]), int(ids[0, 0])
         if not lp <= 0:
-            raise ValueError("log-probs must be <= 0 and not NaN")
+            raise ValueError(_NOT_LOGPROBS)
         parent = self._front_cand[levels - 1][0]
         self._front_cand.append([len(self._scores)])
         self._scores.append(self._scores[parent] + lp)
