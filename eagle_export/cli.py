@@ -55,20 +55,22 @@ def main() -> None:
 @click.option("--depth", type=int, default=_DEF_TREE.depth, show_default=True, help="Default tree depth.")
 @click.option("--total-tokens", type=int, default=_DEF_TREE.total_tokens, show_default=True,
               help="Default number of draft nodes verified per round.")
+@click.option("--max-batch", type=int, default=1, show_default=True,
+              help="Most sequences one runtime decodes at once (the graphs' batch range [1, N], in the manifest).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them (default: the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, feature_layers, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, max_batch, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_artifact
 
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
-                         tree=TreeParams(top_k, depth, total_tokens), overwrite=overwrite,
+                         tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
                          feature_layers=layers)
     path = export_artifact(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(f"wrote {path}")
@@ -78,8 +80,8 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--engine-lib", type=click.Choice(["auto", "tensorrt", "tensorrt-rtx"]), default="auto",
               show_default=True, help="auto: tensorrt when it imports, else tensorrt_rtx (TensorRT for RTX).")
-@click.option("--max-batch", type=int, default=1, show_default=True,
-              help="Largest batch in the profiles (at most the artifact's batch range).")
+@click.option("--max-batch", type=int, default=None,
+              help="Largest batch in the profiles [default: the artifact's, set by `export --max-batch`].")
 @click.option("--max-prefill", type=int, default=None,
               help="Largest prefill chunk (prompt tokens per forward) [default: min(256, max_seq_len)].")
 @click.option("--max-tree-tokens", type=int, default=None,

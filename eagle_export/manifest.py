@@ -149,6 +149,11 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
+    @property
+    def max_batch(self) -> int:
+        """Most sequences per graph call: the top of the graphs' batch range (`export --max-batch`)."""
+        return min(g.axes[C.BATCH][1] for g in self.graphs.values())
+
     def to_dict(self) -> dict:
         return {
             "schema_version": self.schema_version,

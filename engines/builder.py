@@ -58,7 +58,7 @@ def parse_size(text: str | int | None) -> int | None:
 @dataclass
 class BuildOptions:
     engine_lib: str = "auto"
-    max_batch: int = 1
+    max_batch: int | None = None  # None: the artifact's (export --max-batch)
     max_prefill: int | None = None
     max_tree_tokens: int | None = None
     workspace: int | None = None  # bytes for TensorRT's WORKSPACE pool; None: TensorRT's default

@@ -17,8 +17,9 @@ one execution context per profile, so switching costs nothing.
     it follows the prefill.
 
 Ranges: P = ``--max-prefill`` (default min(256, S), the runtime's prefill chunk), V = ``--max-tree-tokens``
-(default ``max_total_tokens`` + 1), S = ``max_seq_len``, K = ``max_top_k``, Dmax = ``max_depth``;
-``past_len`` maxima are the manifest's (the exporter's contract), ``batch`` is [1, ``--max-batch``].
+(default ``max_total_tokens`` + 1), B = ``--max-batch`` (default: the artifact's, ``export --max-batch``),
+S = ``max_seq_len``, K = ``max_top_k``, Dmax = ``max_depth``;
+``past_len`` maxima are the manifest's (the exporter's contract), ``batch`` is [1, ``--max-batch``] = [1, B].
 ``total_len`` is always ``past_len + new_tokens``, at min, opt and max alike (the attention mask's last
 dim is that sum inside the graph: a profile that broke it would violate the graph's shape constraints).
 
@@ -28,6 +29,9 @@ Opt (the shapes TensorRT tunes for), chosen deliberately:
 - verify: the artifact's default tree (``tree_defaults.total_tokens`` + 1 rows, all with logits) at half
   the capacity (``past_len`` = (S-1) // 2), the average position over a long generation;
 - draft tree: one tree level of the default ``top_k`` at half the capacity.
+- batch: B (a full batch) for verify and tree levels, the calls a batched runtime makes once per round for all
+  its sequences; 1 for prefill and context, because a joining request's prompt is prefilled alone (its chunks
+  and their draft context passes), which is what those profiles' opt (a full chunk) describes.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ DEFAULT_MAX_PREFILL = 256  # the runtime's default prefill chunk
 class ProfileOptions:
     """Build options that shape the profiles. None: the default described in the module docstring."""
 
-    max_batch: int = 1
+    max_batch: int | None = None
     max_prefill: int | None = None
     max_tree_tokens: int | None = None
 
@@ -102,7 +106,8 @@ def resolve_options(manifest: Manifest, opts: ProfileOptions | None = None) -> R
     t_axes = manifest.graphs[C.TARGET_GRAPH].axes
     d_axes = manifest.graphs[C.DRAFT_GRAPH].axes
     batch_hi = min(t_axes[C.BATCH][1], d_axes[C.BATCH][1])
-    max_batch = _check_range("--max-batch", opts.max_batch, 1, batch_hi, "the artifact's batch range at export")
+    max_batch = opts.max_batch if opts.max_batch is not None else batch_hi  # default: what `export --max-batch` set
+    _check_range("--max-batch", max_batch, 1, batch_hi, "the artifact's batch range at export")
     seq = manifest.max_seq_len
     prefill_hi = min(t_axes[C.NEW_TOKENS][1], d_axes[C.NEW_TOKENS][1], seq)
     max_prefill = opts.max_prefill if opts.max_prefill is not None else min(DEFAULT_MAX_PREFILL, prefill_hi)
@@ -142,7 +147,8 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
     past_hi = entry.axes[C.PAST_LEN][1]
     seq = manifest.max_seq_len
     mid = _clamp((seq - 1) // 2, 1, past_hi)
-    batch = (1, 1, opts.max_batch)
+    batch = (1, 1, opts.max_batch)  # prefill, context: one joining request's prompt chunks
+    full = (1, opts.max_batch, opts.max_batch)  # verify, tree levels: every active sequence in one call
     p = opts.max_prefill
     if graph == C.TARGET_GRAPH:
         v = opts.max_tree_tokens
@@ -150,7 +156,7 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
         return [
             make_profile("prefill", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, p, p), C.PAST_LEN: (0, 0, past_hi),
                                             C.LOGIT_ROWS: (1, 1, 1)}),
-            make_profile("verify", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, t_opt, v), C.PAST_LEN: (1, mid, past_hi),
+            make_profile("verify", entry, {C.BATCH: full, C.NEW_TOKENS: (1, t_opt, v), C.PAST_LEN: (1, mid, past_hi),
                                            C.LOGIT_ROWS: (1, t_opt, v)}),
         ]
     if graph == C.DRAFT_GRAPH:
@@ -163,7 +169,7 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
         return [
             make_profile("context", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, p, c_hi), C.FEATURE_ROWS: (1, p, c_hi),
                                             C.HIDDEN_ROWS: (0, 0, 0), C.PAST_LEN: (0, 0, past_hi)}),
-            make_profile("tree", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, k_opt, k_hi), C.FEATURE_ROWS: (0, 0, 0),
+            make_profile("tree", entry, {C.BATCH: full, C.NEW_TOKENS: (1, k_opt, k_hi), C.FEATURE_ROWS: (0, 0, 0),
                                          C.HIDDEN_ROWS: (1, k_opt, k_hi), C.PAST_LEN: (1, mid, past_hi)}),
         ]
     raise EngineError(f"no profiles are defined for graph {graph!r}")

@@ -111,6 +111,8 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     options.tree.validate(options.limits)
     if options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
+    if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
+        raise EagleExportError(f"--max-batch must be an integer >= 1, got {options.max_batch!r}")
     if out_dir.exists():
         if not options.overwrite:
             raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")

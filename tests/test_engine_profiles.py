@@ -140,3 +140,24 @@ def test_profile_round_trip(manifest):
     for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH):
         for p in graph_profiles(manifest, g, resolve_options(manifest)):
             assert Profile.from_dict(p.to_dict()) == p
+
+
+def test_max_batch_profiles(manifest):
+    """An artifact exported with --max-batch 4: batch min 1 everywhere, opt 4 (a full batch) in the per-round
+    profiles (verify, tree levels), opt 1 in the per-request ones (prefill, context), max = --max-batch."""
+    import copy
+
+    m = copy.deepcopy(manifest)
+    for g in m.graphs.values():
+        g.axes[C.BATCH] = [1, 4]
+    assert m.max_batch == 4
+    for flag, want in ((None, 4), (3, 3)):
+        o = resolve_options(m, ProfileOptions(max_batch=flag))  # None: the artifact's range
+        assert o.max_batch == (flag or 4)
+        pre, ver = graph_profiles(m, C.TARGET_GRAPH, o)
+        ctx, tree = graph_profiles(m, C.DRAFT_GRAPH, o)
+        assert pre.axes[C.BATCH] == ctx.axes[C.BATCH] == (1, 1, want)
+        assert ver.axes[C.BATCH] == tree.axes[C.BATCH] == (1, want, want)
+        assert ver.shapes["past_key.0"][1][0] == want and ver.shapes[C.ATTENTION_MASK][2][0] == want
+    with pytest.raises(EngineError, match=r"--max-batch must be an integer in \[1, 4\]"):
+        resolve_options(m, ProfileOptions(max_batch=5))
