@@ -11,6 +11,14 @@
 One runtime object owns one set of preallocated buffers, so generations on it run one at a
 time: concurrent calls from several threads are serialised by a lock (open one runtime per
 thread to run them in parallel).
+
+Opened with ``max_batch=B`` (B > 1, at most the artifact's ``export --max-batch``), one runtime serves up to B
+sequences at once on one set of weights: ``submit(...)`` (thread-safe) returns a ``RequestStream`` per request,
+one scheduler thread runs batched rounds (runtime/batched.py), and ``stream``/``generate`` go through it too.
+
+    rt = EagleRuntime.open("artifacts/tiny", max_batch=4)
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=32) for p in prompts]
+    results = [s.wait() for s in streams]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from eagle_export.tree_params import TreeParams
 
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
+from .scheduler import RequestStream, Scheduler
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ort", "tensorrt")
@@ -95,25 +104,49 @@ class GenerationStream:
 
 
 class EagleRuntime:
-    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None, prefill_chunk: int = 256):
+    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None, prefill_chunk: int = 256,
+                 max_batch: int = 1):
         self.directory = directory
         self.manifest = manifest
         self.backend = backend
         self.tokenizer = tokenizer
-        self.generator = Generator(manifest, backend, prefill_chunk)
+        self.max_batch = max_batch
+        self._prefill_chunk = prefill_chunk
+        self._scheduler: Scheduler | None = None
+        self._sched_lock = threading.Lock()
+        if max_batch == 1:
+            self.generator = Generator(manifest, backend, prefill_chunk)
+        else:  # every generation goes through the batched slots: one set of buffers
+            self.generator = None
+            self._batched()
         self._lock = _OwnedLock()
+
+    def _batched(self) -> Scheduler:
+        """The scheduler and its batched buffers (made at open for max_batch > 1, at the first submit for 1)."""
+        with self._sched_lock:
+            if self._scheduler is None:
+                from .batched import BatchedGenerator
+
+                self._scheduler = Scheduler(BatchedGenerator(self.manifest, self.backend, self.max_batch,
+                                                             self._prefill_chunk))
+            return self._scheduler
 
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
-             threads: int | None = None, prefill_chunk: int = 256) -> EagleRuntime:
+             threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
         backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
         on a CUDA GPU). threads: intra-op threads per graph (ort; None: its default); prefill_chunk: prompt
         tokens per prefill forward (bounds the prefill's scratch memory; tensorrt caps it at --max-prefill).
+        max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
+        ``submit``, at most the artifact's ``export --max-batch``).
         """
         directory = Path(directory)
         manifest = load_manifest(directory)
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or not 1 <= max_batch <= manifest.max_batch:
+            raise GenerationError(f"max_batch must be an integer in [1, {manifest.max_batch}] (the artifact's batch "
+                                  f"range, `export --max-batch`), got {max_batch!r}")
         if backend == "ort":
             from .ort_backend import OrtBackend
 
@@ -126,7 +159,7 @@ class EagleRuntime:
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
-        return cls(directory, manifest, be, tokenizer, prefill_chunk)
+        return cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch)
 
     # ---- text <-> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -151,12 +184,39 @@ class EagleRuntime:
         """sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
         random source of this request's own, seeded with ``sampling.seed``.
         on_round: optional per-round trace hook (see ``Generator.run``)."""
+        if self.generator is None:
+            if on_round is not None:
+                raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
+            return self.submit(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, tree=tree,
+                               use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sampling)
         if (prompt is None) == (prompt_ids is None):
             raise GenerationError("give exactly one of prompt (text) or prompt_ids")
         ids = self.encode(prompt) if prompt is not None else prompt_ids
         gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
                                  sampling=sampling, on_round=on_round)
         return GenerationStream(self, gen, self._lock)
+
+    def submit(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
+               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
+               sampling: SamplingParams | None = None) -> RequestStream:
+        """Queue one generation for the batched scheduler (thread-safe) and return its stream at once.
+
+        Arguments as ``stream``. The request joins the running batch at the next round boundary, when a slot is
+        free. Its errors (a bad prompt, bad settings) fail this stream alone: they are raised when it is iterated
+        or waited on. With max_batch 1 the scheduler serves one sequence at a time."""
+        def make():
+            if (prompt is None) == (prompt_ids is None):
+                raise GenerationError("give exactly one of prompt (text) or prompt_ids")
+            ids = self.encode(prompt) if prompt is not None else prompt_ids
+            return sched.gen.check(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling)
+
+        sched = self._batched()
+        return sched.submit(make, RequestStream(self.decode))
+
+    def close(self) -> None:
+        """Stop the scheduler thread (after the requests already submitted); a no-op without one."""
+        if self._scheduler is not None:
+            self._scheduler.close()
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
         stream = self.stream(prompt, **kwargs)

@@ -3,6 +3,10 @@
 Layout per layer and per K/V: [batch, capacity, kv_heads, head_dim] (the contract's BSHD). With
 batch 1 the rows [0, n) are one contiguous block, so a graph reads the valid prefix in place.
 
+A cache for ``slots`` sequences (batched decoding) holds ``slots x capacity`` rows per buffer in the same one
+allocation; the batched loop places each sequence's region at a stride it chooses and binds ``[A, stride]``
+blocks (``block_views``); see ``slots.py`` for the layout.
+
 A graph's new K/V (its ``present_*`` outputs) land in a separate scratch, always at row 0, and the
 runtime then copies the rows it keeps into the cache: all of them after a prefill chunk or a draft
 call, only the accepted path after a verify. The scratch's address never changes, so a backend that
@@ -22,10 +26,12 @@ from .views import BufferView, RowBuffers
 
 class KVCache:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: str = "cpu", batch: int = 1, new_rows: int = 1):
+                 device: str = "cpu", batch: int = 1, new_rows: int = 1, slots: int = 1):
         if batch != 1:
-            raise ValueError("the runtime decodes one sequence per session (batch 1)")
-        self.capacity = capacity
+            raise ValueError("a KVCache's buffers are [1, rows, ...]: give slots for several sequences")
+        self.capacity = capacity  # rows per sequence
+        self.slots = slots
+        capacity *= slots
         self.num_layers = num_layers
         self.new_capacity = new_rows
         # One allocation [2 * layers, batch, rows, kv_heads, head_dim] each for the cache and the new-rows scratch;
@@ -55,22 +61,49 @@ class KVCache:
     def new_views(self, count: int) -> list[BufferView]:
         return self._new_rows.head(count)
 
-    def write(self, start: int, count: int) -> None:
-        """Cache rows [start, start + count) = scratch rows [0, count), in every buffer."""
-        self._rows.check(start, count)
-        self._new_rows.check(0, count)
-        if self._np_all is not None:
-            self._np_all[:, :, start:start + count] = self._np_new[:, :, :count]
-        else:
-            self._all[:, :, start:start + count].copy_(self._new[:, :, :count])
+    def block_views(self, slots: int, rows: int) -> list[BufferView]:
+        """Rows [0, slots * rows) of every buffer as [slots, rows, ...] views: a batched call's past."""
+        return self._rows.block(0, slots, rows)
 
-    def write_rows(self, start: int, rows: np.ndarray) -> None:
-        """Cache rows [start, start + len(rows)) = scratch rows ``rows`` (the accepted path), in every buffer.
+    def new_block_views(self, slots: int, rows: int) -> list[BufferView]:
+        return self._new_rows.block(0, slots, rows)
+
+    def block_rows(self, slots: int, rows: int) -> list[torch.Tensor]:
+        """``block_views`` as torch views (for backends that take tensors)."""
+        return self._rows.block_tensors(0, slots, rows)
+
+    def new_block_rows(self, slots: int, rows: int) -> list[torch.Tensor]:
+        return self._new_rows.block_tensors(0, slots, rows)
+
+    def write(self, start: int, count: int, src: int = 0) -> None:
+        """Cache rows [start, start + count) = scratch rows [src, src + count), in every buffer."""
+        self._rows.check(start, count)
+        self._new_rows.check(src, count)
+        if self._np_all is not None:
+            self._np_all[:, :, start:start + count] = self._np_new[:, :, src:src + count]
+        else:
+            self._all[:, :, start:start + count].copy_(self._new[:, :, src:src + count])
+
+    def move(self, src: int, dst: int, count: int) -> None:
+        """Cache rows [dst, dst + count) = cache rows [src, src + count) (may overlap), in every buffer."""
+        self._rows.check(src, count)
+        self._rows.check(dst, count)
+        if src == dst or not count:
+            return
+        if self._np_all is not None:
+            self._np_all[:, :, dst:dst + count] = self._np_all[:, :, src:src + count].copy()
+        else:
+            self._all[:, :, dst:dst + count] = self._all[:, :, src:src + count].clone()
+
+    def write_rows(self, start: int, rows: np.ndarray, src: int = 0) -> None:
+        """Cache rows [start, start + len(rows)) = scratch rows ``src + rows`` (the accepted path), in every buffer.
 
         Copied run by run (consecutive scratch rows as one slice): a chain's path is a single run, and a slice
         copy is several times cheaper than a gather.
         """
         r = np.asarray(rows, dtype=np.int64).tolist()
+        if src:
+            r = [x + src for x in r]
         n = len(r)
         self._rows.check(start, n)
         if n and (min(r) < 0 or max(r) >= self.new_capacity):

@@ -80,6 +80,18 @@ class RowBuffers:
         off, shape, t, d, i = start * self._row_bytes, (1, count, *self._tail), self._type, self._dev, self._idx
         return [_new_view(BufferView, (a + off, t, shape, d, i)) for a in self._addresses]
 
+    def block(self, start: int, slots: int, count: int) -> list[BufferView]:
+        """Rows [start, start + slots * count) of every buffer viewed as [slots, count, *tail] (a batched call's
+        rows, slot b at rows start + b * count ...), by address arithmetic."""
+        self.check(start, slots * count)
+        off, shape, t, d, i = start * self._row_bytes, (slots, count, *self._tail), self._type, self._dev, self._idx
+        return [_new_view(BufferView, (a + off, t, shape, d, i)) for a in self._addresses]
+
+    def block_tensors(self, start: int, slots: int, count: int) -> list[torch.Tensor]:
+        """``block`` as torch views (no copy)."""
+        self.check(start, slots * count)
+        return [b[0, start:start + slots * count].view(slots, count, *self._tail) for b in self.buffers]
+
     def head(self, count: int) -> list[BufferView]:
         """``views(0, count)``, made once per count (the loop binds the same leading rows call after call)."""
         got = self._heads.get(count)

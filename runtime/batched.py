@@ -1,0 +1,566 @@
+"""Batched EAGLE: one set of graphs and weights, B sequence slots, one target verify and one draft call per tree
+level for all active sequences each round.
+
+Each slot has its own committed rows in both caches, its own tree, acceptance, sampling state, stop rule and
+stats. Ragged lengths share a call through the masks and positions (the graphs' batch axis is dynamic): each
+slot's committed rows are a prefix of its cache region, the regions sit at a common stride, and a call over A
+slots binds ``[A, stride]`` rows with the mask hiding every row a slot does not own (see ``slots.py`` and
+docs/runtime.md, "Batched decoding"). A slot that feeds fewer rows than the call's widest slot (a smaller tree,
+a shorter accepted path, a finished or no-draft sequence) gets padding rows that see only themselves; their
+outputs are never read and their K/V never kept, so padding never changes a token.
+
+Sequences join between rounds (``join``: the prompt is prefilled alone, in chunks, in the slot's region, then
+it takes part in the next round) and leave as soon as they finish (``round`` returns them; the last slot moves
+into the freed one). The scheduler (``scheduler.py``) drives this from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+import torch
+
+from eagle_export import contract as C
+from eagle_export.errors import GenerationError
+from eagle_export.manifest import Manifest
+from eagle_export.tree_params import TreeParams
+
+from .accept import Accepted, accept_greedy, accept_sampling
+from .generator import TORCH_DTYPES, GenerationResult, GenerationStats
+from .kv_cache import KVCache
+from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
+from .slots import LayoutPlan, Padding, Request, StopRule, move_order
+from .tree import Frontier, TreeGrower, VerifyTree
+from .views import HostScratch, RowBuffers
+
+log = logging.getLogger(__name__)
+_ROOT_ONLY = VerifyTree.from_parents(np.zeros(1, dtype=np.int64), np.array([-1], dtype=np.int64)).freeze()
+
+
+@dataclass(eq=False)
+class Slot:
+    """One active sequence: its request, committed length, tree state, stop rule and stats."""
+
+    req: Request
+    stop: StopRule
+    stats: GenerationStats
+    sink: object  # where committed tokens go: ``push(list)``, ``finish(result)``, ``fail(exc)``
+    L: int = 0  # committed rows (target and draft alike)
+    root: int = -1
+    grower: TreeGrower | None = None
+    frontier: Frontier | None = None
+    vt: VerifyTree | None = None
+    acc: Accepted | None = None
+    tokens: list[int] = field(default_factory=list)  # this round's committed tokens (accepted + bonus)
+    reason: str | None = None
+    error: BaseException | None = None
+    t_join: float = 0.0
+
+    @property
+    def tree(self) -> TreeParams | None:
+        return self.req.tree
+
+    def slack_t(self) -> int:
+        """Target rows a round may write past L: the accepted path (root + at most depth + 1 draft tokens, and
+        never more than the verify tree's nodes)."""
+        t = self.tree
+        return min(t.depth + 2, t.total_tokens + 1) if t is not None else 1
+
+    def slack_d(self) -> int:
+        """Draft rows a round may write past L: every tree level's frontier, or the next context pass."""
+        t = self.tree
+        return max(t.depth * t.top_k, self.slack_t()) if t is not None else 0
+
+
+class BatchedGenerator:
+    """Owns the buffers of ``slots`` sequences (allocated once) and runs their rounds together."""
+
+    def __init__(self, manifest: Manifest, backend, slots: int, prefill_chunk: int = 256, step: int = 64):
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise GenerationError(f"max_batch must be a positive integer, got {slots!r}")
+        if slots > manifest.max_batch:
+            raise GenerationError(
+                f"max_batch {slots} is above the artifact's batch range [1, {manifest.max_batch}]: re-export with "
+                f"--max-batch {slots} or more"
+            )
+        self.m, self.backend, self.B = manifest, backend, slots
+        dev = backend.device
+        dtype = TORCH_DTYPES[manifest.dtype]
+        t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
+        B = slots
+        self.capacity = manifest.max_seq_len
+        self.chunk = max(1, min(prefill_chunk, self.capacity))
+        self.verify_rows = verify_rows = lim.max_total_tokens + 1
+        ctx_rows = lim.max_depth + 2  # a context pass after a round: accepted path + bonus
+        K = lim.max_top_k
+        t_rows = max(self.chunk, B * verify_rows)
+        d_rows = max(self.chunk, B * max(K, ctx_rows))
+        t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
+        d_slot = self.capacity + lim.max_draft_rows + lim.max_depth + 2
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, slots=B)
+        self.dcache = KVCache(1, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, slots=B)
+        self.tplan, self.dplan = LayoutPlan(t_slot, step), LayoutPlan(d_slot, step)
+        self.padding = Padding()
+        bufs = {
+            "logits": torch.zeros(1, B * verify_rows, t.vocab_size, dtype=torch.float32, device=dev),
+            "tfeats": torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev),
+            "dvals": torch.zeros(1, d_rows, K, dtype=torch.float32, device=dev),
+            "dids": torch.zeros(1, d_rows, K, dtype=torch.int64, device=dev),
+            "dhidden": torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev),
+            "dfeats_in": torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev),
+            "dhidden_in": torch.zeros(1, B * K, d.hidden_size, dtype=dtype, device=dev),
+        }
+        self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
+        self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
+        self._cpu = torch.device(dev).type == "cpu" and dtype != torch.bfloat16
+        # numpy views of the same memory on the CPU (no torch call per access; see Generator)
+        self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None
+        # The last context row of every slot (its top-k and hidden predict the root's children): kept per slot,
+        # because a joining request's prefill reuses the draft output rows between rounds.
+        self.ctx_vals = np.zeros((B, K), dtype=np.float32)
+        self.ctx_ids = np.zeros((B, K), dtype=np.int64)
+        self.ctx_hidden = torch.zeros(B, d.hidden_size, dtype=dtype, device=dev)
+        self._np_ctx_hidden = self.ctx_hidden.numpy() if self._cpu else None
+        self._views = bool(getattr(backend, "binds_views", False))
+        rows = max(t_rows, d_rows)
+        mask_elems = max(t_rows * (t_slot + t_rows), d_rows * (d_slot + d_rows))
+        self._mask = HostScratch(mask_elems, np.bool_)
+        self._ids = HostScratch(rows, np.int64)
+        self._pos = HostScratch(rows, np.int64)
+        self._lidx = HostScratch(max(B * verify_rows, 1), np.int64)
+        self._arange = np.arange(max(rows, t_slot + d_slot), dtype=np.int64)
+        self._tri = np.tri(max(self.chunk, ctx_rows), dtype=np.bool_)
+        self._draft_pos_limit = d.max_position_embeddings
+        self._warned_draft_limit = False
+        self._growers: dict[TreeParams, list[TreeGrower]] = {}  # free growers per tree setting, reused
+        self.eos = frozenset(t.eos_token_ids)
+        self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
+        self._draft_names = (C.past_names(1), C.present_names(1))
+        self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
+        self.vocab = t.vocab_size
+        self.active: list[Slot] = []
+
+    # ---- host access ---------------------------------------------------------------------------
+    def _rows_np(self, name: str, start: int, stop: int) -> np.ndarray:
+        if self._np is not None:
+            return self._np[name][start:stop]
+        return self._t[name][start:stop].cpu().numpy()
+
+    def _gather(self, dst: str, dst_start: int, src: str, rows: np.ndarray) -> None:
+        """Buffer ``dst`` rows [dst_start, dst_start + len(rows)) = buffer ``src`` rows ``rows``."""
+        n = len(rows)
+        if self._np is not None:
+            self._np[dst][dst_start:dst_start + n] = self._np[src][rows]
+        else:
+            s = self._t[src]
+            self._t[dst][dst_start:dst_start + n].copy_(s[torch.from_numpy(np.asarray(rows)).to(s.device)])
+
+    def _set_hidden_in(self, start: int, count: int, b: int) -> None:
+        """``hidden_in`` rows [start, start + count) = slot b's last context hidden (a level-1 parent)."""
+        if self._np is not None:
+            self._np["dhidden_in"][start:start + count] = self._np_ctx_hidden[b]
+        else:
+            self._t["dhidden_in"][start:start + count].copy_(self.ctx_hidden[b].expand(count, -1))
+
+    def _keep_context_row(self, b: int, row: int) -> None:
+        """Slot b's context row = draft output row ``row`` (top-k and hidden)."""
+        self.ctx_vals[b] = self._rows_np("dvals", row, row + 1)[0]
+        self.ctx_ids[b] = self._rows_np("dids", row, row + 1)[0]
+        if self._np is not None:
+            self._np_ctx_hidden[b] = self._np["dhidden"][row]
+        else:
+            self.ctx_hidden[b].copy_(self._t["dhidden"][row])
+
+    # ---- graph calls ---------------------------------------------------------------------------
+    def _host(self, scratch: HostScratch, *shape: int):
+        return scratch.view(shape) if self._views else scratch.take(shape)
+
+    def _buf(self, name: str, slots: int, count: int):
+        rb = self._rows[name]
+        return (rb.block(0, slots, count) if self._views else rb.block_tensors(0, slots, count))[0]
+
+    def _target_io(self, a: int, n: int, r: int) -> tuple[dict, MappingProxyType]:
+        key = ("t", a, n, r)
+        io = self._io_memo.get(key)
+        if io is None:
+            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+                   C.LOGIT_INDICES: self._host(self._lidx, a, r)}
+            outs = {C.LOGITS: self._buf("logits", a, r), C.FEATURES: self._buf("tfeats", a, n)}
+            present = self.tcache.new_block_views(a, n) if self._views else self.tcache.new_block_rows(a, n)
+            outs.update(zip(self._target_names[1], present, strict=True))
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+        return io
+
+    def _draft_io(self, a: int, n: int, feat_rows: int) -> tuple[dict, MappingProxyType]:
+        key = ("d", a, n, feat_rows)
+        io = self._io_memo.get(key)
+        if io is None:
+            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+                   C.DRAFT_FEATURES: self._buf("dfeats_in", a, feat_rows),
+                   C.HIDDEN_IN: self._buf("dhidden_in", a, n - feat_rows)}
+            outs = {C.TOPK_LOGPROBS: self._buf("dvals", a, n), C.TOPK_IDS: self._buf("dids", a, n),
+                    C.HIDDEN: self._buf("dhidden", a, n)}
+            present = self.dcache.new_block_views(a, n) if self._views else self.dcache.new_block_rows(a, n)
+            outs.update(zip(self._draft_names[1], present, strict=True))
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+        return io
+
+    def _past(self, cache: KVCache, a: int, past: int, base: int = 0) -> list:
+        """The past binding: one slot's rows [base, base + past), or ``a`` regions of ``past`` rows from row 0."""
+        if a == 1:
+            return cache.views(base, past) if self._views else cache.rows(base, past)
+        return cache.block_views(a, past) if self._views else cache.block_rows(a, past)
+
+    def _run_target(self, a: int, n: int, r: int, past: int, base: int = 0) -> None:
+        fixed, outputs = self._target_io(a, n, r)
+        inputs = fixed.copy()
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, base), strict=True))
+        self.backend.run(C.TARGET_GRAPH, inputs, outputs)
+
+    def _run_draft(self, a: int, n: int, feat_rows: int, past: int, base: int = 0) -> None:
+        fixed, outputs = self._draft_io(a, n, feat_rows)
+        inputs = fixed.copy()
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
+
+    def _note_draft_positions(self, s: Slot, last: int) -> None:
+        s.stats.draft_forwards += 1
+        if last >= self._draft_pos_limit and s.stats.draft_beyond_position_limit is None:
+            s.stats.draft_beyond_position_limit = last
+            if not self._warned_draft_limit:
+                self._warned_draft_limit = True
+                log.warning("the draft head ran at position %d, past its max_position_embeddings %d: output stays "
+                            "lossless, but acceptance may drop (the head was not trained there)", last,
+                            self._draft_pos_limit)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def check(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None, use_draft: bool, stop_on_eos: bool,
+              sampling: SamplingParams | None) -> Request:
+        """A request checked as ``Generator.run`` checks it (GenerationError naming the problem)."""
+        from .slots import check_max_new
+
+        check_max_new(max_new_tokens)
+        if use_draft:
+            tree = tree or self.m.tree_defaults
+            tree.validate(self.m.tree_limits)
+            check = getattr(self.backend, "check_tree", None)
+            if check is not None:
+                check(tree)
+        else:
+            tree = None
+        rng = None
+        if sampling is not None:
+            if not isinstance(sampling, SamplingParams):
+                raise GenerationError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+            if sampling.validate().is_greedy:
+                sampling = None
+            else:
+                rng = sampling.make_rng()
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1) if _is_int_seq(prompt_ids) else None
+        if ids is None:
+            raise GenerationError("prompt ids must be a sequence of integers")
+        if ids.size == 0:
+            raise GenerationError("the prompt is empty: give at least one token")
+        bad = ids[(ids < 0) | (ids >= self.vocab)]
+        if bad.size:
+            raise GenerationError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {self.vocab})")
+        if ids.size > self.capacity:
+            raise GenerationError(f"the prompt has {ids.size} tokens, more than the artifact's capacity "
+                                  f"(--max-seq-len) of {self.capacity}")
+        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng)
+
+    @property
+    def free(self) -> int:
+        return self.B - len(self.active)
+
+    def join(self, req: Request, sink) -> Slot | None:
+        """Prefill ``req`` in the next free slot and add it to the batch; None if it finished at once (its sink
+        has been told). Call between rounds only."""
+        if not self.free:
+            raise RuntimeError("no free slot")
+        n = len(req.prompt)
+        stats = GenerationStats()
+        s = Slot(req, StopRule(req.max_new_tokens, self.capacity - n, self.eos if req.stop_on_eos else None),
+                 stats, sink, t_join=time.perf_counter())
+        if s.stop.room <= 0:
+            sink.finish(GenerationResult([], "capacity", stats, n))
+            return None
+        j = len(self.active)
+        self._fit(self.active + [s], extra={id(s): n})
+        self._prefill(s, j)
+        stats.prefill_s = time.perf_counter() - s.t_join
+        new, reason = s.stop.emit([s.root])
+        sink.push(new)
+        if reason is not None:
+            self._finish(s, reason)
+            return None
+        if req.tree is not None:
+            s.grower = self._take_grower(req.tree)
+        self.active.append(s)
+        return s
+
+    def _take_grower(self, tree: TreeParams) -> TreeGrower:
+        free = self._growers.setdefault(tree, [])
+        return free.pop() if free else TreeGrower(tree)
+
+    def _prefill(self, s: Slot, j: int) -> None:
+        """The prompt in chunks, alone (batch 1) in slot j's regions; each chunk's draft context right after."""
+        prompt, n = s.req.prompt, len(s.req.prompt)
+        base_t, base_d = j * self.tplan.stride, j * self.dplan.stride
+        use_draft = s.req.tree is not None
+        for st in range(0, n, self.chunk):
+            e = min(n, st + self.chunk)
+            c, last = e - st, e == n
+            self._ids.array[:c] = prompt[st:e]
+            self._pos.array[:c] = self._arange[:c] + st
+            self._causal(c, st)
+            self._lidx.array[0] = c - 1
+            self._run_target(1, c, 1, st, base_t)
+            self.tcache.write(base_t + st, c)
+            if last:
+                s.root = self._first_token(s)
+            if use_draft:
+                nxt = np.append(prompt[st + 1:e], s.root) if last else prompt[st + 1:e + 1]
+                self._gather("dfeats_in", 0, "tfeats", self._arange[:c])
+                self._ids.array[:c] = nxt
+                self._pos.array[:c] = self._arange[:c] + st
+                self._causal(c, st)
+                self._run_draft(1, c, c, st, base_d)
+                self.dcache.write(base_d + st, c)
+                self._note_draft_positions(s, e - 1)
+        if use_draft:
+            self._keep_context_row(j, c - 1)
+        s.L = n
+
+    def _causal(self, new: int, past: int) -> None:
+        mask = self._mask.take((new, past + new))
+        mask[:, :past] = True
+        mask[:, past:] = self._tri[:new, :new] if new <= len(self._tri) else np.tri(new, dtype=np.bool_)
+
+    def _first_token(self, s: Slot) -> int:
+        row = self._rows_np("logits", 0, 1)[0]
+        if s.req.sampling is None:
+            return int(row.argmax())
+        return sample_token(process_logits(row, s.req.sampling), s.req.rng)
+
+    # ---- layout --------------------------------------------------------------------------------
+    def _fit(self, slots: list[Slot], extra: dict | None = None) -> None:
+        """Strides that hold every slot's rows for the next round (and a joining prompt); move regions if needed."""
+        extra = extra or {}
+        need_t = max(extra.get(id(s), s.L) + s.slack_t() for s in slots)
+        need_d = max(extra.get(id(s), s.L) + max(s.slack_d(), 1) for s in slots)
+        for plan, cache, need in ((self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d)):
+            new = plan.wanted(need)
+            if new != plan.stride:
+                old = plan.stride
+                for b in move_order(old, new, len(self.active)):
+                    cache.move(b * old, b * new, self.active[b].L)
+                plan.stride = new
+                plan.moves += 1
+
+    # ---- one round for every active slot -------------------------------------------------------
+    def round(self) -> list[Slot]:
+        """One round: grow every slot's tree (one draft call per level), verify all trees in one target call,
+        accept and commit per slot, one draft context call; returns the slots that finished (already removed)."""
+        slots = self.active
+        if not slots:
+            return []
+        self._fit(slots)
+        drafting = [s for s in slots if s.grower is not None]
+        if drafting:
+            self._grow(slots, drafting)
+        for s in slots:
+            s.vt = s.grower.select(s.tree.total_tokens, s.root) if s.grower is not None else \
+                _ROOT_ONLY.with_tokens(np.array([s.root], dtype=np.int64))
+        tt = self._verify(slots)
+        for b, s in enumerate(slots):
+            try:
+                self._accept_commit(s, b, tt)
+            except Exception as e:  # noqa: BLE001 - this request fails alone (its logits, its settings)
+                s.error, s.tokens = e, []
+        self._context(slots, tt)
+        return self._retire()
+
+    def _grow(self, slots: list[Slot], drafting: list[Slot]) -> None:
+        a = len(slots)
+        kk = max(s.tree.top_k for s in drafting)
+        depth = max(s.tree.depth for s in drafting)
+        for b, s in enumerate(slots):
+            if s.grower is not None:
+                s.grower.reset()
+                s.frontier = s.grower.add_root_children(self.ctx_vals[b], self.ctx_ids[b])
+        stride = self.dplan.stride
+        for level in range(1, depth + 1):
+            one = slots[0]
+            past = one.L + one.frontier.fed if a == 1 else stride
+            mask = self._mask.take((a, kk, past + kk))
+            mask[:] = False
+            ids = self._ids.array[:a * kk].reshape(a, kk)
+            pos = self._pos.array[:a * kk].reshape(a, kk)
+            bound = used = 0
+            for b, s in enumerate(slots):
+                fr = s.frontier
+                part = s.grower is not None and s.tree.depth >= level
+                k = s.tree.top_k if part else 0
+                if part:
+                    fed, L = fr.fed, s.L
+                    if level == 1:
+                        self._set_hidden_in(b * kk, k, b)
+                    else:
+                        self._gather("dhidden_in", b * kk, "dhidden", fr.parent_rows + b * kk)
+                    ids[b, :k] = fr.tokens
+                    pos[b, :k] = L + level - 1
+                    mask[b, :k, :L] = True
+                    mask[b, :k, L:L + fed] = fr.tree_mask[:, :fed]
+                    mask[b, :k, past:past + k] = fr.tree_mask[:, fed:]
+                    used += L + fed
+                for i in range(k, kk):  # padding rows: see only themselves
+                    ids[b, i] = 0
+                    pos[b, i] = s.L
+                    mask[b, i, past + i] = True
+                bound += past
+            self.padding.add(bound, used)
+            self._run_draft(a, kk, 0, past)
+            for b, s in enumerate(slots):
+                if s.grower is None or s.tree.depth < level:
+                    continue
+                k = s.tree.top_k
+                self.dcache.write(b * stride + s.L + s.frontier.fed, k, src=b * kk)
+                self._note_draft_positions(s, s.L + level - 1)
+                r0 = b * kk
+                s.frontier = s.grower.add_children(self._rows_np("dvals", r0, r0 + k),
+                                                   self._rows_np("dids", r0, r0 + k))
+
+    def _verify(self, slots: list[Slot]) -> int:
+        a = len(slots)
+        tt = max(s.vt.num_nodes for s in slots)
+        past = slots[0].L if a == 1 else self.tplan.stride
+        mask = self._mask.take((a, tt, past + tt))
+        mask[:] = False
+        ids = self._ids.array[:a * tt].reshape(a, tt)
+        pos = self._pos.array[:a * tt].reshape(a, tt)
+        lidx = self._lidx.array[:a * tt].reshape(a, tt)
+        lidx[:] = self._arange[:tt]
+        used = 0
+        for b, s in enumerate(slots):
+            vt, L = s.vt, s.L
+            T = vt.num_nodes
+            ids[b, :T] = vt.tokens
+            np.add(vt.depths, L, out=pos[b, :T])
+            mask[b, :T, :L] = True
+            mask[b, :T, past:past + T] = vt.mask
+            for i in range(T, tt):
+                ids[b, i] = 0
+                pos[b, i] = L
+                mask[b, i, past + i] = True
+            used += L
+        self.padding.add(a * past, used)
+        self._run_target(a, tt, tt, past)
+        for s in slots:
+            s.stats.rounds += 1
+        return tt
+
+    def _accept_commit(self, s: Slot, b: int, tt: int) -> None:
+        vt, r0 = s.vt, b * tt
+        T = vt.num_nodes
+        if s.req.sampling is None:
+            acc = accept_greedy(vt, self._rows_np("logits", r0, r0 + T).argmax(-1))
+        else:
+            acc = accept_sampling(vt, LazyProbs(lambda i: self._rows_np("logits", r0 + i, r0 + i + 1)[0], T,
+                                                s.req.sampling), s.req.rng)
+        s.acc = acc
+        s.stats.accept_lengths.append(int(acc.num_accepted))
+        self.tcache.write_rows(b * self.tplan.stride + s.L, acc.indices, src=r0)
+        s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
+        new, s.reason = s.stop.emit(s.tokens)
+        if new:
+            s.sink.push(new)
+
+    def _context(self, slots: list[Slot], tt: int) -> None:
+        """Draft context for every continuing drafting slot: (feature of root/accepted node, next token)."""
+        a = len(slots)
+        go = [s.grower is not None and s.reason is None and s.error is None for s in slots]
+        widths = [len(s.tokens) if g else 0 for s, g in zip(slots, go, strict=True)]
+        mm = max(widths)
+        stride = self.dplan.stride
+        if mm:
+            past = slots[0].L if a == 1 else stride
+            mask = self._mask.take((a, mm, past + mm))
+            mask[:] = False
+            ids = self._ids.array[:a * mm].reshape(a, mm)
+            pos = self._pos.array[:a * mm].reshape(a, mm)
+            used = 0
+            for b, s in enumerate(slots):
+                m, L = widths[b], s.L
+                if m:
+                    self._gather("dfeats_in", b * mm, "tfeats", s.acc.indices + b * tt)
+                    ids[b, :m] = s.tokens
+                    pos[b, :m] = self._arange[L:L + m]
+                    mask[b, :m, :L] = True
+                    mask[b, :m, past:past + m] = self._tri[:m, :m]
+                    used += L
+                for i in range(m, mm):
+                    ids[b, i] = 0
+                    pos[b, i] = L
+                    mask[b, i, past + i] = True
+            self.padding.add(a * past, used)
+            self._run_draft(a, mm, mm, past)
+            for b, s in enumerate(slots):
+                m = widths[b]
+                if m:
+                    self.dcache.write(b * stride + s.L, m, src=b * mm)
+                    self._note_draft_positions(s, s.L + m - 1)
+                    self._keep_context_row(b, b * mm + m - 1)
+        for s in slots:
+            if s.reason is None and s.error is None:
+                s.L += len(s.tokens)
+                s.root = s.tokens[-1]
+
+    def _retire(self) -> list[Slot]:
+        """Remove finished (or failed) slots; the last active slot moves into each freed one."""
+        done = [s for s in self.active if s.reason is not None or s.error is not None]
+        for s in done:
+            b = self.active.index(s)
+            last = len(self.active) - 1
+            if b != last:
+                t = self.active[last]
+                self.tcache.move(last * self.tplan.stride, b * self.tplan.stride, t.L)
+                self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
+                self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
+                self.ctx_hidden[b].copy_(self.ctx_hidden[last])
+                self.active[b] = t
+            self.active.pop()
+            if s.grower is not None:
+                self._growers[s.tree].append(s.grower)
+                s.grower = None
+            if s.error is not None:
+                s.sink.fail(s.error)
+            else:
+                self._finish(s, s.reason)
+        return done
+
+    def _finish(self, s: Slot, reason: str) -> None:
+        s.stats.decode_s = time.perf_counter() - s.t_join - s.stats.prefill_s
+        s.sink.finish(GenerationResult(list(s.stop.out), reason, s.stats, len(s.req.prompt)))
+
+    def fail_all(self, exc: BaseException) -> None:
+        """A graph call failed: every active request fails with it (none of them can go on)."""
+        for s in self.active:
+            if s.grower is not None:
+                self._growers[s.tree].append(s.grower)
+            s.sink.fail(exc)
+        self.active = []
+
+
+def _is_int_seq(x) -> bool:
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001 - anything numpy cannot read is not a list of ids
+        return False
+    return a.dtype.kind in "iu" or (a.size == 0 and a.dtype.kind == "f")
