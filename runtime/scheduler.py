@@ -90,7 +90,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.rounds = 0  # batched rounds run (bench: rounds x graph calls shared by the batch)
-        self.active_per_round: list[int] = []
+        self.active_per_round: list[int] = []  # sequences in each round
+        self.join_rounds: list[int] = []  # for each admitted request, the round count when it joined
 
     def submit(self, make_request: Callable[[], Request], stream: RequestStream) -> RequestStream:
         """Check the request here (an error fails this stream only) and queue it for the next round boundary."""
@@ -130,6 +131,7 @@ class Scheduler:
             for req, stream in joining:
                 try:
                     gen.join(req, stream)
+                    self.join_rounds.append(self.rounds)
                 except Exception as e:  # noqa: BLE001 - this request fails alone
                     log.debug("request failed at prefill", exc_info=True)
                     stream.fail(e if isinstance(e, GenerationError) else GenerationError(f"{type(e).__name__}: {e}"))

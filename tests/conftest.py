@@ -34,10 +34,10 @@ class ModelFactory:
                  weights_format: str = "safetensors", limits: TreeLimits | None = None,
                  eagle3: bool = False, draft_vocab: int | None = None, draft_hidden: int | None = None,
                  feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
-                 **target_overrides) -> tuple[Path, Path, Path]:
+                 max_batch: int = 1, **target_overrides) -> tuple[Path, Path, Path]:
         """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
-               limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers,
+               limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, max_batch,
                tuple(sorted(target_overrides.items())))
         if key not in self._cache:
             name = f"m{len(self._cache)}_{preset}"
@@ -54,7 +54,8 @@ class ModelFactory:
                 draft = make_tiny_draft(base / "draft", target, seed=seed + 1, fc_bias=fc_bias,
                                         own_embedding=own_embedding, weights_format=weights_format)
             opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits(),
-                                 feature_layers=None if feature_layers is None else list(feature_layers))
+                                 feature_layers=None if feature_layers is None else list(feature_layers),
+                                 max_batch=max_batch)
             art = export_artifact(target, draft, base / "artifact", opts, progress=False)
             self._cache[key] = (target, draft, art)
         return self._cache[key]

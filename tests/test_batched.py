@@ -1,0 +1,202 @@
+"""Batched EAGLE and continuous batching (runtime/batched.py, runtime/scheduler.py, runtime/slots.py).
+
+One runtime with B = 4 slots serves more requests than slots, of different prompt lengths and lengths to
+generate, so they join at different rounds and leave when they finish; every sequence must be exactly what it is
+alone. Greedy: transformers' generate for each prompt alone (EAGLE-1/2 and EAGLE-3, fp32), and the
+single-sequence runtime's tokens on an fp16 artifact. Sampling: the same seeded request alone and in a full
+batch gives the same tokens. A bad request fails alone.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from model_table import EAGLE3_MODELS
+from reference import Comparison, GreedyReference
+
+from eagle_export.errors import GenerationError
+from eagle_export.runtime import EagleRuntime, SamplingParams
+from eagle_export.runtime.slots import LayoutPlan, StopRule, move_order
+from eagle_export.tree_params import TreeParams
+
+B = 4
+TREES = [TreeParams(top_k=4, depth=3, total_tokens=10), TreeParams(top_k=1, depth=5, total_tokens=5),
+         TreeParams(top_k=2, depth=2, total_tokens=6)]
+
+
+def requests(vocab: int, count: int = 10, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt, max_new_tokens): prompt lengths 1..60 and lengths 8..47, so sequences end at different rounds."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(3, vocab, size=int(rng.integers(1, 61))).tolist(), int(rng.integers(8, 48)))
+            for _ in range(count)]
+
+
+def run_batched(rt: EagleRuntime, reqs, **kw) -> list:
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw) for p, n in reqs]
+    return [s.wait(timeout=300) for s in streams]
+
+
+def check_joins(rt: EagleRuntime, count: int) -> None:
+    sched = rt._scheduler
+    assert len(sched.join_rounds) == count
+    assert len(set(sched.join_rounds)) >= 3, sched.join_rounds  # requests joined a running batch at several rounds
+    assert max(sched.active_per_round) == B
+
+
+MODELS = [
+    pytest.param("mha", dict(fc_bias=True), id="eagle1-mha"),
+    pytest.param(*EAGLE3_MODELS["llama-d2t"], id="eagle3-llama-d2t"),
+]
+
+
+@pytest.mark.parametrize("preset, kw", MODELS)
+def test_batched_greedy_equals_transformers_generate(models, preset, kw):
+    target, _, art = models(preset, max_batch=B, **kw)
+    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    ref = GreedyReference(target)
+    reqs = requests(rt.manifest.target.vocab_size)
+    cmp = Comparison()
+    accepted = 0
+    for tree in TREES[:2]:
+        rt._scheduler.join_rounds.clear()
+        for (prompt, n), res in zip(reqs, run_batched(rt, reqs, tree=tree), strict=True):
+            assert res.finish_reason == "length" and len(res.tokens) == n
+            ref.compare(prompt, res.tokens, ref.generate(prompt, n), cmp, f"batched {tree}")
+            accepted += sum(res.stats.accept_lengths)
+            # the trees too: a draft-side slip (another slot's context row) keeps greedy tokens but not acceptance
+            alone = single.generate(prompt_ids=prompt, max_new_tokens=n, stop_on_eos=False, tree=tree)
+            assert res.stats.accept_lengths == alone.stats.accept_lengths
+        check_joins(rt, len(reqs))
+    assert not cmp.failures, "\n".join(cmp.failures[:5])
+    assert cmp.ties <= 2 and accepted > 20  # real multi-token acceptance, not only rejections
+    rt.close()
+
+
+def test_batched_fp16_equals_single_sequence(models):
+    """fp16 graphs: each sequence of a batch (mixed trees and --no-draft) equals the same request run alone on the
+    single-sequence runtime, token for token: padding rows and masked regions change nothing."""
+    _, _, art = models("gqa", dtype="fp16", max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    reqs = requests(single.manifest.target.vocab_size, seed=1)
+    kws = [dict(tree=TREES[i % 3]) if i % 4 != 3 else dict(use_draft=False) for i in range(len(reqs))]
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw)
+               for (p, n), kw in zip(reqs, kws, strict=True)]
+    for (p, n), kw, s in zip(reqs, kws, streams, strict=True):
+        alone = single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw)
+        got = s.wait(timeout=300)
+        assert got.tokens == alone.tokens, (p, kw)
+        assert got.stats.accept_lengths == alone.stats.accept_lengths
+    check_joins(rt, len(reqs))
+    rt.close()
+
+
+def test_sampling_does_not_depend_on_the_batch(models):
+    """A seeded sampled request gives the same tokens alone and in a full batch of other (greedy and sampled)
+    requests, and the same as on the single-sequence runtime."""
+    _, _, art = models("mha", max_batch=B)
+    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    prompt, sp = [5, 9, 13, 2, 7], SamplingParams(temperature=0.9, top_p=0.95, seed=7)
+    kw = dict(prompt_ids=prompt, max_new_tokens=40, stop_on_eos=False, tree=TREES[0], sampling=sp)
+    alone = rt.submit(**kw).wait(timeout=300).tokens
+    others = [rt.submit(prompt_ids=[3 + i] * (5 + 9 * i), max_new_tokens=60, stop_on_eos=False,
+                        sampling=SamplingParams(temperature=1.0, seed=100 + i) if i % 2 else None)
+              for i in range(B - 1)]
+    crowded = rt.submit(**kw)
+    assert crowded.wait(timeout=300).tokens == alone
+    assert [o.wait(timeout=300) for o in others]
+    assert max(rt._scheduler.active_per_round) == B
+    assert single.generate(**kw).tokens == alone
+    other_seed = rt.submit(**{**kw, "sampling": sp.with_seed(8)}).wait(timeout=300).tokens
+    assert other_seed != alone  # the seed matters: the equality above is not vacuous
+    rt.close()
+
+
+def test_bad_request_fails_alone_and_threads_submit(models):
+    """Requests submitted from several threads, one of them with an id outside the vocabulary: that stream raises
+    a GenerationError, every other one gets its single-sequence tokens."""
+    _, _, art = models("mha", max_batch=B)
+    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    reqs = requests(single.manifest.target.vocab_size, count=6, seed=2)
+    want = [single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False).tokens for p, n in reqs]
+    got: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(reqs) + 1)
+
+    def client(i: int) -> None:
+        start.wait()
+        if i == len(reqs):
+            bad = rt.submit(prompt_ids=[1, 2, 10_000], max_new_tokens=8)
+            try:
+                list(bad)
+            except GenerationError as e:
+                errors.append(e)
+            return
+        p, n = reqs[i]
+        stream = rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False)
+        chunks = list(stream)
+        got[i] = [t for c in chunks for t in c]
+        assert stream.result.tokens == got[i]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(reqs) + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(errors) == 1 and "outside the vocabulary" in str(errors[0])
+    assert [got.get(i) for i in range(len(reqs))] == want
+    # generate() on a batched runtime goes through the same slots, and its errors are raised as before
+    assert rt.generate(prompt_ids=reqs[0][0], max_new_tokens=reqs[0][1], stop_on_eos=False).tokens == want[0]
+    with pytest.raises(GenerationError, match="max_new_tokens"):
+        rt.generate(prompt_ids=[1, 2], max_new_tokens=0)
+    rt.close()
+
+
+def test_max_batch_above_the_artifact_is_refused(models):
+    _, _, art = models("mha")
+    with pytest.raises(GenerationError, match=r"max_batch must be an integer in \[1, 1\]"):
+        EagleRuntime.open(art, max_batch=2)
+
+
+# ---- pure bookkeeping ------------------------------------------------------------------------------
+
+
+def test_stop_rule():
+    s = StopRule(max_new=5, room=100, eos={9})
+    assert s.emit([1, 2]) == ([1, 2], None)
+    assert s.emit([3, 9, 4]) == ([3, 9], "eos")
+    s = StopRule(max_new=5, room=3, eos=None)
+    assert s.emit([1, 2, 3, 4]) == ([1, 2, 3], "capacity")
+    s = StopRule(max_new=3, room=10, eos=None)
+    assert s.emit([1, 2]) == ([1, 2], None) and s.emit([3, 4]) == ([3], "length") and s.out == [1, 2, 3]
+
+
+def test_layout_plan_keeps_padding_bounded():
+    plan = LayoutPlan(rows_per_slot=1000, step=64)
+    assert plan.stride == 64
+    assert plan.wanted(10) == 64 and plan.wanted(64) == 64
+    assert plan.wanted(65) == 128  # grows by whole steps
+    plan.stride = 512
+    assert plan.wanted(500) == 512 and plan.wanted(449) == 512  # under two steps of slack: no move
+    assert plan.wanted(300) == 320  # shrinks when the longest sequence left
+    assert plan.wanted(990) == 1000  # never past the region's rows
+    with pytest.raises(ValueError):
+        plan.wanted(1001)
+
+
+def test_move_order_never_overwrites_an_unmoved_region():
+    """Simulate the in-place region moves on a flat array: every slot's rows must arrive intact."""
+    for old, new in ((8, 13), (13, 8), (5, 5)):
+        count, length = 4, 5
+        buf = np.full(count * max(old, new) + 8, -1)
+        for b in range(count):
+            buf[b * old:b * old + length] = 10 * b + np.arange(length)
+        for b in move_order(old, new, count):
+            buf[b * new:b * new + length] = buf[b * old:b * old + length].copy()
+        for b in range(count):
+            assert buf[b * new:b * new + length].tolist() == (10 * b + np.arange(length)).tolist()
