@@ -263,9 +263,14 @@ _PROMPTS_FILE = click.option(
               help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--plot", "plot_file", type=click.Path(path_type=Path), default=None,
-              help="Draw the n-alpha curve to this PNG (needs matplotlib).")
+              help="Draw the n-alpha curve to this PNG (with --concurrency: throughput against N; needs matplotlib).")
+@click.option("--concurrency", default=None,
+              help="N, or a list 1,2,4: M requests from N client threads on one runtime opened with max_batch N, "
+                   "EAGLE and batched --no-draft side by side (the artifact needs `export --max-batch N`).")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="With --concurrency: requests per pass, M [default: 2 x the largest N, at least the prompts].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file) -> None:
+              plot_file, concurrency, requests) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
     from .tools.bench import bench, plot_n_alpha, read_prompts, require_matplotlib
 
@@ -273,6 +278,28 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
         require_matplotlib()  # fail before the bench runs, not after
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    if concurrency is not None:
+        from .tools.bench_concurrency import bench_concurrency, plot_throughput
+
+        ns = _parse_ids(concurrency, "--concurrency")
+        tree = None
+        if (top_k, depth, total_tokens) != (None, None, None):
+            from .manifest import load_manifest
+
+            d = load_manifest(artifact).tree_defaults
+            tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
+                              total_tokens if total_tokens is not None else d.total_tokens)
+        report = bench_concurrency(artifact, concurrency=ns, requests=requests, prompts=prompts,
+                                   max_new_tokens=max_new_tokens, tree=tree, backend=backend, threads=threads,
+                                   log=log)
+        click.echo(json.dumps(report.to_dict()) if as_json else report.format())
+        if plot_file is not None:
+            plot_throughput(report, plot_file)
+            if not as_json:
+                click.echo(f"throughput plot: {plot_file}")
+        return
+    if requests is not None:
+        raise EagleExportError("--requests goes with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                    total_tokens=total_tokens, backend=backend, threads=threads, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())

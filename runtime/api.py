@@ -121,6 +121,11 @@ class EagleRuntime:
             self._batched()
         self._lock = _OwnedLock()
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """The batched scheduler (its generator's buffers, rounds and padding figures); made on first use."""
+        return self._batched()
+
     def _batched(self) -> Scheduler:
         """The scheduler and its batched buffers (made at open for max_batch > 1, at the first submit for 1)."""
         with self._sched_lock:

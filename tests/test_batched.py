@@ -9,7 +9,11 @@ batch gives the same tokens. A bad request fails alone.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from model_table import EAGLE3_MODELS
 from reference import Comparison, GreedyReference
 
 from eagle_export.errors import GenerationError
+from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.runtime import EagleRuntime, SamplingParams
 from eagle_export.runtime.slots import LayoutPlan, StopRule, move_order
 from eagle_export.tree_params import TreeParams
@@ -39,7 +44,7 @@ def run_batched(rt: EagleRuntime, reqs, **kw) -> list:
 
 
 def check_joins(rt: EagleRuntime, count: int) -> None:
-    sched = rt._scheduler
+    sched = rt.scheduler
     assert len(sched.join_rounds) == count
     assert len(set(sched.join_rounds)) >= 3, sched.join_rounds  # requests joined a running batch at several rounds
     assert max(sched.active_per_round) == B
@@ -61,7 +66,7 @@ def test_batched_greedy_equals_transformers_generate(models, preset, kw):
     cmp = Comparison()
     accepted = 0
     for tree in TREES[:2]:
-        rt._scheduler.join_rounds.clear()
+        rt.scheduler.join_rounds.clear()
         for (prompt, n), res in zip(reqs, run_batched(rt, reqs, tree=tree), strict=True):
             assert res.finish_reason == "length" and len(res.tokens) == n
             ref.compare(prompt, res.tokens, ref.generate(prompt, n), cmp, f"batched {tree}")
@@ -109,7 +114,7 @@ def test_sampling_does_not_depend_on_the_batch(models):
     crowded = rt.submit(**kw)
     assert crowded.wait(timeout=300).tokens == alone
     assert [o.wait(timeout=300) for o in others]
-    assert max(rt._scheduler.active_per_round) == B
+    assert max(rt.scheduler.active_per_round) == B
     assert single.generate(**kw).tokens == alone
     other_seed = rt.submit(**{**kw, "sampling": sp.with_seed(8)}).wait(timeout=300).tokens
     assert other_seed != alone  # the seed matters: the equality above is not vacuous
@@ -200,3 +205,53 @@ def test_move_order_never_overwrites_an_unmoved_region():
             buf[b * new:b * new + length] = buf[b * old:b * old + length].copy()
         for b in range(count):
             assert buf[b * new:b * new + length].tolist() == (10 * b + np.arange(length)).tolist()
+
+
+# ---- one set of weights --------------------------------------------------------------------------
+
+_RSS_CHILD = r"""
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+from eagle_export.runtime import EagleRuntime
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+b = int(sys.argv[2])
+before = rss()
+rt = EagleRuntime.open(sys.argv[1], threads=1, max_batch=b)
+streams = [rt.submit(prompt_ids=list(range(3, 23 + 5 * i)), max_new_tokens=24, stop_on_eos=False) for i in range(b)]
+for s in streams:
+    s.wait(timeout=300)
+g = rt.scheduler.gen
+print(json.dumps({"rss": rss() - before, "active": max(rt.scheduler.active_per_round),
+                  "kv": sum(t.numel() * t.element_size() for t in (g.tcache._all, g.dcache._all))}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="reads the resident set size from /proc")
+def test_eight_sequences_share_one_set_of_weights(tmp_path):
+    """The trained fixture (32 MiB of fp32 weights, 8.5 MiB of K/V per sequence) in a fresh process: a runtime
+    with B = 8 busy slots is resident within a B = 1 runtime plus 7 more K/V caches plus 15% of them. A copy of
+    the weights per slot would add 7 x 32 MiB."""
+    from eagle_export.tools.demo import FIXTURE, fixture_tree
+
+    art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
+                          ExportOptions(max_seq_len=960, tree=fixture_tree("eagle1"), max_batch=8), progress=False)
+
+    def child(b: int) -> dict:
+        r = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(art), str(b)], capture_output=True, text=True,
+                           timeout=600, check=True)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    one, eight = child(1), child(8)
+    weights = sum(p.stat().st_size for p in art.glob("*.onnx*"))
+    extra_kv = eight["kv"] - one["kv"]
+    mib = 2**20
+    print(f"\nweights {weights / mib:.1f} MiB; B=1: RSS +{one['rss'] / mib:.1f} MiB (K/V {one['kv'] / mib:.1f}); "
+          f"B=8: RSS +{eight['rss'] / mib:.1f} MiB (K/V {eight['kv'] / mib:.1f}); "
+          f"B=8 - B=1: {(eight['rss'] - one['rss']) / mib:.1f} MiB for {extra_kv / mib:.1f} MiB more K/V")
+    assert eight["active"] == 8 and extra_kv > weights  # the 7 extra caches outweigh one copy of the weights
+    assert eight["rss"] <= one["rss"] + 1.15 * extra_kv

@@ -150,3 +150,29 @@ def test_bench_plot_without_matplotlib(gqa, tmp_path, monkeypatch):
     fail("bench", gqa, "--max-new-tokens", 4, "--plot", png,
          expect=("--plot needs matplotlib", "pip install matplotlib"))
     assert not png.exists()
+
+
+# ---- --concurrency -------------------------------------------------------------------------------
+
+
+def test_bench_concurrency_json(models, ids_file, tmp_path):
+    """bench --concurrency 1,2: both levels, EAGLE and batched no-draft side by side, lossless, the documented keys;
+    the figures are sane (tokens = requests x max_new, latencies within the pass, N=2 ran 2 sequences a round)."""
+    art = models("gqa", max_batch=2)[2]
+    out = bench_json(art, "--prompts", ids_file, "--max-new-tokens", 12, "--concurrency", "1,2", "--requests", 4)
+    agg = out["aggregate"]
+    assert agg["concurrency"] == 2 and agg["requests"] == 4 and agg["lossless"] is True
+    assert set(agg["throughput_tokens_per_s"]) == {"eagle", "no_draft"}
+    assert set(agg["latency_s"]) == {"p50", "p95"} and 0 < agg["latency_s"]["p50"] <= agg["latency_s"]["p95"]
+    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2]
+    for lv in out["levels"]:
+        for mode in ("eagle", "no_draft"):
+            m = lv[mode]
+            assert m["tokens"] == 4 * 12 and m["throughput_tokens_per_s"] > 0
+            assert m["latency_s"]["p95"] <= m["wall_s"] and 0 <= m["padding"] < 1
+            assert m["draft_s"] + m["target_s"] <= m["wall_s"] and m["host_ms_per_token"] >= 0
+        assert lv["eagle"]["tau"] >= 1 and lv["no_draft"]["tau"] == 1
+    assert out["levels"][0]["eagle"]["mean_active"] == 1 and out["levels"][0]["eagle"]["padding"] == 0
+    assert out["levels"][1]["eagle"]["mean_active"] > 1
+    fail("bench", art, "--concurrency", 3, expect=("--concurrency 3 needs an artifact exported with --max-batch 3",))
+    fail("bench", art, "--requests", 3, expect=("--requests goes with --concurrency",))

@@ -1,0 +1,265 @@
+"""`eagle-export bench --concurrency N`: many requests on one batched runtime, EAGLE against batched `--no-draft`.
+
+    from eagle_export.tools.bench_concurrency import bench_concurrency
+    report = bench_concurrency("artifacts/tiny", concurrency=[1, 2, 4], requests=8, threads=2)
+    print(report.format())            # or json.dumps(report.to_dict())
+
+For each N, one runtime opened with ``max_batch=N`` serves ``requests`` (M) greedy requests (EOS ignored) from N
+client threads: each client submits a request, waits for its end, and submits the next, so N requests are in
+flight. The same M requests then run with ``use_draft=False`` on the same runtime (batched plain decoding). One
+warm-up pass of each mode (N requests) comes first and is not counted.
+
+Measured per mode (docs/bench.md, "Concurrency"):
+
+- throughput: generated tokens of all M requests / the pass's wall time (first submit to last result);
+- latency: per request, submit to result, p50 and p95 (nearest rank) over the M requests;
+- tau: committed tokens per target forward of every EAGLE round of every request;
+- host work per generated token: (wall time - time inside graph calls) / generated tokens, graph time taken by a
+  timing proxy around the runtime's backend (as ``bench``): with one scheduler thread doing all the work,
+  that is the host side of prefill, tree, acceptance, commit and binding, shared across the batch;
+- padding: the share of bound past rows the common stride adds (runtime/slots.py);
+- lossless: every request's EAGLE tokens equal its batched no-draft tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle_export import contract as C
+from eagle_export.tree_params import TreeParams
+
+from .bench import BenchError, PromptSpec, TimingBackend, _prompt_ids, builtin_prompts, peak_rss_mb, read_prompts
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))]
+
+
+@dataclass
+class ModeFigures:
+    tokens: int
+    wall_s: float
+    latencies: list[float]
+    accept_lengths: list[int]
+    draft_s: float
+    target_s: float
+    rounds: int  # batched rounds the scheduler ran (each: one verify for all active sequences)
+    mean_active: float  # sequences per round, on average
+    padding: float  # share of bound past rows that were padding
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / max(self.wall_s, 1e-12)
+
+    @property
+    def host_s(self) -> float:
+        return max(self.wall_s - self.draft_s - self.target_s, 0.0)
+
+    @property
+    def tau(self) -> float:
+        a = self.accept_lengths
+        return (sum(a) + len(a)) / len(a) if a else 0.0
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "wall_s": self.wall_s, "throughput_tokens_per_s": self.throughput,
+                "latency_s": {"p50": percentile(self.latencies, 50), "p95": percentile(self.latencies, 95)},
+                "tau": self.tau, "draft_s": self.draft_s, "target_s": self.target_s, "host_s": self.host_s,
+                "host_ms_per_token": 1e3 * self.host_s / max(self.tokens, 1), "rounds": self.rounds,
+                "mean_active": self.mean_active, "padding": self.padding}
+
+
+@dataclass
+class Level:
+    concurrency: int
+    requests: int
+    eagle: ModeFigures
+    no_draft: ModeFigures
+    lossless: bool
+
+    def aggregate(self) -> dict:
+        e, n = self.eagle, self.no_draft
+        return {"concurrency": self.concurrency, "requests": self.requests,
+                "throughput_tokens_per_s": {"eagle": e.throughput, "no_draft": n.throughput},
+                "latency_s": {"p50": percentile(e.latencies, 50), "p95": percentile(e.latencies, 95)},
+                "no_draft_latency_s": {"p50": percentile(n.latencies, 50), "p95": percentile(n.latencies, 95)},
+                "tau": e.tau, "host_ms_per_token": {"eagle": 1e3 * e.host_s / max(e.tokens, 1),
+                                                   "no_draft": 1e3 * n.host_s / max(n.tokens, 1)},
+                "lossless": self.lossless, "eagle": e.to_dict(), "no_draft": n.to_dict()}
+
+
+@dataclass
+class ConcurrencyReport:
+    artifact: str
+    backend: str
+    threads: int | None
+    max_new_tokens: int
+    tree: TreeParams
+    levels: list[Level] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+
+    def to_dict(self) -> dict:
+        last = self.levels[-1].aggregate()
+        last.update({"max_new_tokens": self.max_new_tokens, "tree": self.tree.to_dict(), "backend": self.backend,
+                     "threads": self.threads, "greedy": True, "stop_on_eos": False, "artifact": self.artifact,
+                     "peak_rss_mb": self.peak_rss_mb})
+        return {"aggregate": last, "levels": [lv.aggregate() for lv in self.levels]}
+
+    def format(self) -> str:
+        t = self.tree
+        head = (f"{'N':>3}  {'req':>4}  {'eagle tok/s':>11}  {'no-draft tok/s':>14}  {'vs N=1':>6}  {'p50 s':>6}  "
+                f"{'p95 s':>6}  {'tau':>5}  {'host ms/tok':>11}  {'nd host ms/tok':>14}  {'seq/round':>9}  "
+                f"{'padding':>7}  lossless")
+        lines = [f"bench --concurrency {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; "
+                 f"tree top_k {t.top_k} depth {t.depth} total_tokens {t.total_tokens}; {self.max_new_tokens} new "
+                 "tokens per request, greedy, EOS ignored)", "", head, "-" * len(head)]
+        base = self.levels[0].eagle.throughput if self.levels and self.levels[0].concurrency == 1 else None
+        for lv in self.levels:
+            e, n = lv.eagle, lv.no_draft
+            rel = f"{e.throughput / base:>5.2f}x" if base else f"{'-':>6}"
+            lines.append(
+                f"{lv.concurrency:>3}  {lv.requests:>4}  {e.throughput:>11.1f}  {n.throughput:>14.1f}  {rel}  "
+                f"{percentile(e.latencies, 50):>6.2f}  {percentile(e.latencies, 95):>6.2f}  {e.tau:>5.2f}  "
+                f"{1e3 * e.host_s / max(e.tokens, 1):>11.2f}  {1e3 * n.host_s / max(n.tokens, 1):>14.2f}  "
+                f"{e.mean_active:>9.2f}  {e.padding:>7.1%}  {'yes' if lv.lossless else 'NO'}")
+        lines += ["", "throughput: generated tokens / wall time of the pass; latency: submit to result per request; "
+                  "host: wall time outside graph calls per generated token",
+                  f"peak memory: {self.peak_rss_mb:.0f} MiB (the process's peak resident set size, ru_maxrss)"]
+        return "\n".join(lines)
+
+
+def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_new: int, tree: TreeParams | None,
+          ) -> tuple[ModeFigures, list[list[int]]]:
+    """All prompts through ``clients`` closed-loop client threads; figures and each request's tokens."""
+    sched = rt.scheduler
+    gen = sched.gen
+    tokens: list[list[int] | None] = [None] * len(prompts)
+    latencies = [0.0] * len(prompts)
+    accepts: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    todo = iter(range(len(prompts)))
+    kw = dict(tree=tree) if tree is not None else dict(use_draft=False)
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                res = rt.submit(prompt_ids=prompts[i], max_new_tokens=max_new, stop_on_eos=False, **kw).wait()
+            except BaseException as e:  # noqa: BLE001 - reported after the pass
+                errors.append(e)
+                return
+            latencies[i] = time.perf_counter() - t0
+            tokens[i] = list(res.tokens)
+            with lock:
+                accepts.extend(res.stats.accept_lengths)
+
+    proxy.reset()
+    rounds0, active0 = sched.rounds, len(sched.active_per_round)
+    gen.padding.bound = gen.padding.used = 0
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise BenchError(f"a request failed: {errors[0]}")
+    per_round = sched.active_per_round[active0:]
+    fig = ModeFigures(sum(len(t) for t in tokens), wall, latencies, accepts,
+                      proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.seconds.get(C.TARGET_GRAPH, 0.0),
+                      sched.rounds - rounds0, sum(per_round) / len(per_round) if per_round else 0.0,
+                      gen.padding.fraction)
+    return fig, tokens
+
+
+def bench_concurrency(artifact: str | Path, *, concurrency: list[int], requests: int | None = None,
+                      prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
+                      tree: TreeParams | None = None, backend: str = "ort", threads: int | None = None,
+                      log=None) -> ConcurrencyReport:
+    """See the module docstring. requests: M (default: 2 x the largest N, at least the prompt count); the prompts
+    are used round-robin."""
+    import torch
+
+    from eagle_export.runtime import EagleRuntime
+
+    if not concurrency or any(not isinstance(n, int) or n < 1 for n in concurrency):
+        raise BenchError(f"--concurrency must be integers >= 1, got {concurrency!r}")
+    if requests is not None and requests < 1:
+        raise BenchError(f"--requests must be >= 1, got {requests}")
+    limit = _max_batch(artifact)
+    if max(concurrency) > limit:
+        raise BenchError(f"--concurrency {max(concurrency)} needs an artifact exported with --max-batch "
+                         f"{max(concurrency)} or more; {artifact} has --max-batch {limit}: re-export it with "
+                         f"`eagle-export export ... --max-batch {max(concurrency)}`")
+    say = log or (lambda msg: None)
+    specs = read_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    report = None
+    try:
+        for n in concurrency:
+            rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n)
+            try:
+                if specs is None:
+                    specs = builtin_prompts(rt.tokenizer is not None, rt.manifest.target.vocab_size)
+                ids = [_prompt_ids(rt, s) for s in specs]
+                m = requests or max(2 * max(concurrency), len(ids))
+                work = [ids[i % len(ids)] for i in range(m)]
+                use_tree = tree or rt.manifest.tree_defaults
+                use_tree.validate(rt.manifest.tree_limits)
+                if report is None:
+                    report = ConcurrencyReport(str(artifact), backend, threads, max_new_tokens, use_tree)
+                gen = rt.scheduler.gen
+                proxy = TimingBackend(gen.backend)
+                gen.backend = proxy
+                say(f"N={n}: warm-up")
+                for t in (use_tree, None):
+                    _pass(rt, proxy, work[:n], n, max_new_tokens, t)
+                say(f"N={n}: {m} EAGLE requests from {n} clients")
+                e, e_tokens = _pass(rt, proxy, work, n, max_new_tokens, use_tree)
+                say(f"N={n}: {m} no-draft requests from {n} clients")
+                nd, nd_tokens = _pass(rt, proxy, work, n, max_new_tokens, None)
+                report.levels.append(Level(n, m, e, nd, e_tokens == nd_tokens))
+                say(f"N={n}: EAGLE {e.throughput:.1f} tok/s, no-draft {nd.throughput:.1f} tok/s, tau {e.tau:.2f}")
+            finally:
+                rt.close()
+    finally:
+        torch.set_num_threads(before)
+    report.peak_rss_mb = peak_rss_mb()
+    return report
+
+
+def _max_batch(artifact) -> int:
+    from eagle_export.manifest import load_manifest
+
+    return load_manifest(artifact).max_batch
+
+
+def plot_throughput(report: ConcurrencyReport, path: str | Path) -> Path:
+    """Aggregate tokens/s against N, EAGLE and batched no-draft, to PATH (a PNG)."""
+    from .bench import require_matplotlib, save_figure
+
+    plt = require_matplotlib()
+    ns = [lv.concurrency for lv in report.levels]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(ns, [lv.eagle.throughput for lv in report.levels], marker="o", label="EAGLE")
+    ax.plot(ns, [lv.no_draft.throughput for lv in report.levels], marker="s", label="no-draft (batched)")
+    ax.set_xlabel("concurrent requests N (max_batch)")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_xticks(ns)
+    ax.legend(fontsize=8)
+    t = report.tree
+    ax.set_title(f"throughput vs concurrency (top_k {t.top_k}, depth {t.depth}, total {t.total_tokens})", fontsize=9)
+    return save_figure(plt, fig, ax, path)
