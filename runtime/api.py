@@ -14,7 +14,7 @@ thread to run them in parallel).
 
 Opened with ``max_batch=B`` (B > 1, at most the artifact's ``export --max-batch``), one runtime serves up to B
 sequences at once on one set of weights: ``submit(...)`` (thread-safe) returns a ``RequestStream`` per request,
-one scheduler thread runs batched rounds (runtime/batched.py), and ``stream``/``generate`` go through it too.
+one scheduler thread runs batched rounds (runtime/generator.py), and ``stream``/``generate`` go through it too.
 
     rt = EagleRuntime.open("artifacts/tiny", max_batch=4)
     streams = [rt.submit(prompt_ids=p, max_new_tokens=32) for p in prompts]
@@ -111,14 +111,11 @@ class EagleRuntime:
         self.backend = backend
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self._prefill_chunk = prefill_chunk
         self._scheduler: Scheduler | None = None
         self._sched_lock = threading.Lock()
-        if max_batch == 1:
-            self.generator = Generator(manifest, backend, prefill_chunk)
-        else:  # every generation goes through the batched slots: one set of buffers
-            self.generator = None
-            self._batched()
+        # One set of buffers for max_batch sequences. With max_batch 1, stream/generate run a sequence on it in
+        # the caller's thread, under the lock; submit's scheduler thread takes the same lock while it has work.
+        self.generator = Generator(manifest, backend, prefill_chunk, slots=max_batch)
         self._lock = _OwnedLock()
 
     @property
@@ -127,13 +124,10 @@ class EagleRuntime:
         return self._batched()
 
     def _batched(self) -> Scheduler:
-        """The scheduler and its batched buffers (made at open for max_batch > 1, at the first submit for 1)."""
+        """The scheduler of this runtime's generator, made on first use (its thread starts at the first submit)."""
         with self._sched_lock:
             if self._scheduler is None:
-                from .batched import BatchedGenerator
-
-                self._scheduler = Scheduler(BatchedGenerator(self.manifest, self.backend, self.max_batch,
-                                                             self._prefill_chunk))
+                self._scheduler = Scheduler(self.generator, self._lock if self.max_batch == 1 else None)
             return self._scheduler
 
     @classmethod
@@ -189,7 +183,7 @@ class EagleRuntime:
         """sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
         random source of this request's own, seeded with ``sampling.seed``.
         on_round: optional per-round trace hook (see ``Generator.run``)."""
-        if self.generator is None:
+        if self.max_batch > 1:
             if on_round is not None:
                 raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
             return self.submit(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, tree=tree,
