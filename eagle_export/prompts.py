@@ -17,7 +17,7 @@ from pathlib import Path
 from eagle_export.errors import EagleExportError, GenerationError
 
 PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
-LINE_SHAPE = ('each line must be a JSON object {"prompt": "text"}, {"prompt_ids": [1, 2, 3]} or '
+LINE_SHAPE = ('each line must be a JSON object {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} or '
               '{"messages": [{"role": "user", "content": "text"}]}')
 
 
