@@ -163,6 +163,9 @@ class EagleRuntime:
         on_round: optional per-round trace hook (see ``Generator.run``)."""
         if sum(x is not None for x in (prompt, prompt_ids, messages)) != 1:
             raise GenerationError("give exactly one of prompt (text), prompt_ids or messages")
+        if prompt is not None and not isinstance(prompt, str):
+            raise GenerationError(f"prompt must be text, got a {type(prompt).__name__}: pass token ids as "
+                                  "prompt_ids=[...] and a conversation as messages=[...]")
         if messages is not None:
             ids = self.encode_chat(messages)
         else:

@@ -98,6 +98,8 @@ def test_chat_request_errors(chat, plain_art):
             rt.generate(messages=bad, max_new_tokens=2)
     with pytest.raises(GenerationError, match="exactly one of"):
         rt.generate(TEXT, messages=TURNS, max_new_tokens=2)
+    with pytest.raises(GenerationError, match="as messages="):
+        rt.generate(TURNS, max_new_tokens=2)  # a conversation given as the text prompt
     no_tok = EagleRuntime.open(plain_art, threads=1)
     with pytest.raises(GenerationError, match="has no tokenizer"):
         no_tok.generate(messages=TURNS, max_new_tokens=2)
