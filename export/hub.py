@@ -12,16 +12,17 @@ huggingface_hub itself reads them once, at import, which in a long-lived process
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from eagle_export.errors import CheckpointError
 
-# What the loaders read; weights in safetensors first, pytorch_model*.bin only when a repo has no safetensors
-# (many reference EAGLE heads), so a repo that holds both is not downloaded twice.
+# Online, what the loaders read is fetched and nothing else: first configs, tokenizer files and weight indexes,
+# then one set of weights in transformers' order of preference (see ``fetch_weights``).
 CONFIG_AND_TOKENIZER = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
-SAFETENSORS = ["*.safetensors"]
-TORCH_BIN = ["pytorch_model*.bin"]
+WEIGHTS = (("model.safetensors.index.json", "model.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model.bin"))
 
 
 def hub_offline() -> bool:
@@ -86,9 +87,8 @@ def resolve_checkpoint(arg: str | Path, option: str, progress: bool = True) -> P
         if offline:
             snap = Path(snapshot_download(text, cache_dir=cache, local_files_only=True))
         else:
-            snap = Path(snapshot_download(text, cache_dir=cache, allow_patterns=CONFIG_AND_TOKENIZER + SAFETENSORS))
-            if not any(snap.rglob("*.safetensors")):
-                snap = Path(snapshot_download(text, cache_dir=cache, allow_patterns=TORCH_BIN))
+            snap = fetch_weights(lambda patterns: Path(snapshot_download(text, cache_dir=cache,
+                                                                         allow_patterns=patterns)))
     except LocalEntryNotFoundError as e:
         if offline:
             raise CheckpointError(
@@ -107,6 +107,29 @@ def resolve_checkpoint(arg: str | Path, option: str, progress: bool = True) -> P
         if not progress and not bars_were_off:
             enable_progress_bars()
     return snap
+
+
+def fetch_weights(fetch: Callable[[list[str]], Path]) -> Path:
+    """Download a checkpoint's configs, tokenizer files and one set of weights; return the snapshot directory.
+
+    fetch(patterns) downloads the repo files matching any of the glob patterns into the snapshot and returns it
+    (``snapshot_download(..., allow_patterns=patterns)``). Weights as transformers looks for them: the shards
+    a ``model.safetensors.index.json`` names, else ``model.safetensors``, else the ``pytorch_model.bin`` shards
+    or file. So a repo that also holds other copies (``consolidated.safetensors``, ``.bin`` next to
+    safetensors, ``original/``) downloads only the one the loaders read.
+    """
+    snap = fetch(CONFIG_AND_TOKENIZER)
+    for index, single in WEIGHTS:
+        if (snap / index).is_file():
+            try:
+                shards = sorted(set(json.loads((snap / index).read_text())["weight_map"].values()))
+            except (ValueError, KeyError, AttributeError, TypeError) as e:
+                raise CheckpointError(f"{snap / index} is not a weight index ({type(e).__name__}: {e})") from None
+            return fetch(shards)
+        snap = fetch([single])
+        if (snap / single).is_file():
+            return snap
+    return snap  # no weights: the loader says so
 
 
 def _first_line(e: BaseException) -> str:

@@ -146,3 +146,58 @@ def test_repo_not_in_the_cache_offline_is_one_line(plain, offline_cache, tmp_pat
     # Not a directory and not shaped like a repo id: the loader's own error about the path.
     fail("export", "--target", tmp_path / "no" / "such" / "dir", "--draft", "org/tiny-head", "--out", out,
          expect=(str(tmp_path / "no" / "such" / "dir"),))
+
+
+# ---- online: which files are fetched -----------------------------------------------------------------
+
+
+def fake_snapshot_download(remote: Path, snap: Path, calls: list):
+    """Stands in for ``snapshot_download(repo, allow_patterns=patterns)`` on a repo whose files are ``remote``:
+    as documented, it fetches every file whose repo path matches one of the glob patterns (fnmatch) into the
+    snapshot directory, and returns that directory."""
+    import fnmatch
+    import shutil
+
+    def fetch(patterns: list[str]) -> Path:
+        calls.append(list(patterns))
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in sorted(remote.rglob("*")):
+            rel = f.relative_to(remote).as_posix()
+            if f.is_file() and any(fnmatch.fnmatch(rel, p) for p in patterns):
+                (snap / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, snap / rel)
+        return snap
+
+    return fetch
+
+
+def _index(shards: list[str]) -> str:
+    return json.dumps({"metadata": {}, "weight_map": {f"w{i}": s for i, s in enumerate(shards)}})
+
+
+@pytest.mark.parametrize("repo, fetched", [
+    pytest.param({"config.json": "{}", "tokenizer.json": "{}", "README.md": "",
+                  "model.safetensors.index.json": _index(["model-1-of-2.safetensors", "model-2-of-2.safetensors"]),
+                  "model-1-of-2.safetensors": "", "model-2-of-2.safetensors": "", "consolidated.safetensors": "",
+                  "pytorch_model.bin": "", "original/consolidated.00.pth": ""},
+                 {"config.json", "tokenizer.json", "model.safetensors.index.json", "model-1-of-2.safetensors",
+                  "model-2-of-2.safetensors"}, id="sharded-safetensors"),
+    pytest.param({"config.json": "{}", "model.safetensors": "", "pytorch_model.bin": "", "extra.safetensors": ""},
+                 {"config.json", "model.safetensors"}, id="safetensors-and-bin"),
+    pytest.param({"config.json": "{}", "pytorch_model.bin": "", "training_args.bin": ""},
+                 {"config.json", "pytorch_model.bin"}, id="reference-eagle-head-bin"),
+    pytest.param({"config.json": "{}", "pytorch_model.bin.index.json": _index(["a.bin", "b.bin"]), "a.bin": "",
+                  "b.bin": "", "c.bin": ""},
+                 {"config.json", "pytorch_model.bin.index.json", "a.bin", "b.bin"}, id="sharded-bin"),
+])
+def test_online_fetches_the_one_set_of_weights_the_loaders_read(tmp_path, repo, fetched):
+    from eagle_export.export.hub import fetch_weights
+
+    remote = tmp_path / "remote"
+    for rel, text in repo.items():
+        (remote / rel).parent.mkdir(parents=True, exist_ok=True)
+        (remote / rel).write_text(text)
+    calls: list = []
+    snap = fetch_weights(fake_snapshot_download(remote, tmp_path / "snap", calls))
+    assert {f.relative_to(snap).as_posix() for f in snap.rglob("*") if f.is_file()} == fetched
+    assert len(calls) <= 3
