@@ -1,10 +1,9 @@
 """The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit, for one
 sequence or a batch of them.
 
-Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with buffers it
-allocated once (caches and their new-rows scratch, output scratch, host arrays for ids, positions and
-masks), so ONNX Runtime and TensorRT share it. A backend that binds by address (``binds_views``) gets
-``BufferView``s of those buffers, made by arithmetic; others get torch tensors and numpy arrays.
+Backend-neutral: it talks to a backend only through the ``Backend`` interface (``backend.py``). It
+allocates every buffer once (caches and their new-rows scratch, output scratch, host arrays for ids,
+positions and masks) and passes ``BufferView``s of them to ``run``, made by address arithmetic.
 
 One ``Generator`` holds ``slots`` sequence slots (1 unless the runtime was opened with ``max_batch``). Each
 active sequence (a ``Slot``) has its own committed rows in both caches, its own tree, acceptance, sampling
@@ -40,11 +39,13 @@ import numpy as np
 import torch
 
 from eagle_export import contract as C
+from eagle_export.dtypes import torch_dtype
 from eagle_export.errors import GenerationError
 from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
 from .accept import Accepted, accept_greedy, accept_sampling
+from .backend import Backend
 from .kv_cache import KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
@@ -52,7 +53,6 @@ from .tree import Frontier, TreeGrower, VerifyTree
 from .views import HostScratch, RowBuffers
 
 log = logging.getLogger(__name__)
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
@@ -126,7 +126,10 @@ class Generator:
 
     step: the rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
 
-    def __init__(self, manifest: Manifest, backend, prefill_chunk: int = 256, slots: int = 1, step: int = 64):
+    def __init__(self, manifest: Manifest, backend: Backend, prefill_chunk: int = 256, slots: int = 1,
+                 step: int = 64):
+        if not isinstance(backend, Backend):
+            raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise GenerationError(f"max_batch must be a positive integer, got {slots!r}")
         if slots > manifest.max_batch:
@@ -136,7 +139,8 @@ class Generator:
             )
         self.m, self.backend, self.B = manifest, backend, slots
         dev = backend.device
-        dtype = TORCH_DTYPES[manifest.dtype]
+        dtype = torch_dtype(manifest.dtype)
+        zeros = backend.zeros
         t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
         B = slots
         self.capacity = manifest.max_seq_len
@@ -148,33 +152,33 @@ class Generator:
         d_rows = max(self.chunk, B * max(K, ctx_rows))
         t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
         d_slot = self.capacity + lim.max_draft_rows + lim.max_depth + 2
-        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, slots=B)
-        self.dcache = KVCache(1, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, slots=B)
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, zeros=zeros,
+                              slots=B)
+        self.dcache = KVCache(1, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros, slots=B)
         self.tplan, self.dplan = LayoutPlan(t_slot, step), LayoutPlan(d_slot, step)
         self.padding = Padding()
         bufs = {
-            "logits": torch.zeros(1, B * verify_rows, t.vocab_size, dtype=torch.float32, device=dev),
-            "tfeats": torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev),
-            "dvals": torch.zeros(1, d_rows, K, dtype=torch.float32, device=dev),
-            "dids": torch.zeros(1, d_rows, K, dtype=torch.int64, device=dev),
-            "dhidden": torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev),
-            "dfeats_in": torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev),
-            "dhidden_in": torch.zeros(1, B * K, d.hidden_size, dtype=dtype, device=dev),
+            "logits": zeros((1, B * verify_rows, t.vocab_size), torch.float32),
+            "tfeats": zeros((1, t_rows, t.feature_dim), dtype),
+            "dvals": zeros((1, d_rows, K), torch.float32),
+            "dids": zeros((1, d_rows, K), torch.int64),
+            "dhidden": zeros((1, d_rows, d.hidden_size), dtype),
+            "dfeats_in": zeros((1, d_rows, d.feature_dim), dtype),  # context passes
+            "dhidden_in": zeros((1, B * K, d.hidden_size), dtype),  # tree levels
         }
         for k, v in bufs.items():
             setattr(self, k, v)
         self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
         self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
-        self._cpu = torch.device(dev).type == "cpu" and dtype != torch.bfloat16
+        self._cpu = backend.host_memory and dtype != torch.bfloat16
         # numpy views of the same memory on the CPU (no torch call per access; see Generator)
         self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None
         # The last context row of every slot (its top-k and hidden predict the root's children): kept per slot,
         # because a joining request's prefill reuses the draft output rows between rounds.
         self.ctx_vals = np.zeros((B, K), dtype=np.float32)
         self.ctx_ids = np.zeros((B, K), dtype=np.int64)
-        self.ctx_hidden = torch.zeros(B, d.hidden_size, dtype=dtype, device=dev)
+        self.ctx_hidden = zeros((B, d.hidden_size), dtype)
         self._np_ctx_hidden = self.ctx_hidden.numpy() if self._cpu else None
-        self._views = bool(getattr(backend, "binds_views", False))
         rows = max(t_rows, d_rows)
         mask_elems = max(t_rows * (t_slot + t_rows), d_rows * (d_slot + d_rows))
         self._mask = HostScratch(mask_elems, np.bool_)
@@ -198,7 +202,7 @@ class Generator:
         """Rows [start, stop) of an output buffer as a host array (a view on the CPU)."""
         if self._np is not None:
             return self._np[name][start:stop]
-        return self._t[name][start:stop].cpu().numpy()
+        return self.backend.to_host(self._t[name][start:stop])
 
     def _gather(self, dst: str, dst_start: int, src: str, rows: np.ndarray) -> None:
         """Buffer ``dst`` rows [dst_start, dst_start + len(rows)) = buffer ``src`` rows ``rows``."""
@@ -210,7 +214,7 @@ class Generator:
                 self._np[dst][dst_start:dst_start + n] = self._np[src][rows]
         else:
             s = self._t[src]
-            self._t[dst][dst_start:dst_start + n].copy_(s[torch.from_numpy(np.asarray(rows)).to(s.device)])
+            self._t[dst][dst_start:dst_start + n].copy_(s[torch.tensor(rows, device=s.device)])  # rows may be read-only
 
     def _set_hidden_in(self, start: int, count: int, b: int) -> None:
         """``hidden_in`` rows [start, start + count) = slot b's last context hidden (a level-1 parent)."""
@@ -230,11 +234,11 @@ class Generator:
 
     # ---- graph calls ---------------------------------------------------------------------------
     def _host(self, scratch: HostScratch, *shape: int):
-        return scratch.view(shape) if self._views else scratch.take(shape)
+        return scratch.view(shape)
 
     def _buf(self, name: str, slots: int, count: int):
         rb = self._rows[name]
-        return (rb.block(0, slots, count) if self._views else rb.block_tensors(0, slots, count))[0]
+        return rb.block(0, slots, count)[0]
 
     def _target_io(self, a: int, n: int, r: int) -> tuple[dict, MappingProxyType]:
         key = ("t", a, n, r)
@@ -243,7 +247,7 @@ class Generator:
             ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.LOGIT_INDICES: self._host(self._lidx, a, r)}
             outs = {C.LOGITS: self._buf("logits", a, r), C.FEATURES: self._buf("tfeats", a, n)}
-            present = self.tcache.new_block_views(a, n) if self._views else self.tcache.new_block_rows(a, n)
+            present = self.tcache.new_block_views(a, n)
             outs.update(zip(self._target_names[1], present, strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
@@ -257,7 +261,7 @@ class Generator:
                    C.HIDDEN_IN: self._buf("dhidden_in", a, n - feat_rows)}
             outs = {C.TOPK_LOGPROBS: self._buf("dvals", a, n), C.TOPK_IDS: self._buf("dids", a, n),
                     C.HIDDEN: self._buf("dhidden", a, n)}
-            present = self.dcache.new_block_views(a, n) if self._views else self.dcache.new_block_rows(a, n)
+            present = self.dcache.new_block_views(a, n)
             outs.update(zip(self._draft_names[1], present, strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
@@ -265,8 +269,8 @@ class Generator:
     def _past(self, cache: KVCache, a: int, past: int, base: int = 0) -> list:
         """The past binding: one slot's rows [base, base + past), or ``a`` regions of ``past`` rows from row 0."""
         if a == 1:
-            return cache.views(base, past) if self._views else cache.rows(base, past)
-        return cache.block_views(a, past) if self._views else cache.block_rows(a, past)
+            return cache.views(base, past)
+        return cache.block_views(a, past)
 
     def _run_target(self, a: int, n: int, r: int, past: int, base: int = 0) -> None:
         fixed, outputs = self._target_io(a, n, r)
@@ -302,9 +306,7 @@ class Generator:
         if use_draft:
             tree = tree or self.m.tree_defaults
             tree.validate(self.m.tree_limits)
-            check = getattr(self.backend, "check_tree", None)
-            if check is not None:
-                check(tree)
+            self.backend.check_tree(tree)  # engines may be built for smaller trees
         else:
             tree = None
         rng = None
@@ -549,8 +551,8 @@ class Generator:
         vt = s.vt
         T = vt.num_nodes
         if s.req.sampling is None:
-            acc = accept_greedy(vt, (self._np["logits"][r0:r0 + T] if self._np is not None
-                                     else self._rows_np("logits", r0, r0 + T)).argmax(-1))
+            acc = accept_greedy(vt, self._np["logits"][r0:r0 + T].argmax(-1) if self._np is not None
+                                else self.backend.to_host(self._t["logits"][r0:r0 + T].argmax(-1)))
         else:
             acc = accept_sampling(vt, LazyProbs(lambda i: self._rows_np("logits", r0 + i, r0 + i + 1)[0], T,
                                                 s.req.sampling), s.req.rng)
