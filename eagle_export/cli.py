@@ -294,8 +294,11 @@ _PROMPTS_FILE = click.option(
                    "EAGLE and batched --no-draft side by side (the artifact needs `export --max-batch N`).")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="With --concurrency: requests per pass, M [default: 2 x the largest N, at least the prompts].")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --concurrency: passes per mode and N (alternating); the pass of median throughput is "
+                   "reported.")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests) -> None:
+              plot_file, concurrency, requests, repeats) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
     from .prompts import read_prompts
     from .tools.bench import bench, plot_n_alpha, require_matplotlib
@@ -317,15 +320,15 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
                               total_tokens if total_tokens is not None else d.total_tokens)
         report = bench_concurrency(artifact, concurrency=ns, requests=requests, prompts=prompts,
                                    max_new_tokens=max_new_tokens, tree=tree, backend=backend, threads=threads,
-                                   log=log)
+                                   repeats=repeats, log=log)
         click.echo(json.dumps(report.to_dict()) if as_json else report.format())
         if plot_file is not None:
             plot_throughput(report, plot_file)
             if not as_json:
                 click.echo(f"throughput plot: {plot_file}")
         return
-    if requests is not None:
-        raise EagleExportError("--requests goes with --concurrency")
+    if requests is not None or repeats != 1:
+        raise EagleExportError("--requests and --repeats go with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                    total_tokens=total_tokens, backend=backend, threads=threads, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
