@@ -45,8 +45,9 @@ def main() -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
-@click.option("--max-seq-len", type=int, default=2048, show_default=True,
-              help="Cache capacity: prompt plus generated tokens.")
+@click.option("--max-seq-len", type=int, default=None,
+              help="Cache capacity: prompt plus generated tokens [default: min(2048, the target's "
+                   "max_position_embeddings)].")
 @click.option("--max-top-k", type=int, default=_DEF_LIMITS.max_top_k, show_default=True,
               help="Top-k width computed inside the draft graph (upper bound for --top-k).")
 @click.option("--max-depth", type=int, default=_DEF_LIMITS.max_depth, show_default=True)
@@ -57,7 +58,8 @@ def main() -> None:
               help="Default number of draft nodes verified per round.")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
-                   "it concatenates them (default: the reference's 2, L//2, L-3).")
+                   "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
+                   "inputs of layers, else its format's default, the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
