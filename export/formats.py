@@ -55,7 +55,6 @@ class HeadOptions:
     num_layers: int = 1
     fc_bias: bool = False
     qkv_bias: bool = False  # EAGLE-1/2 Qwen2 heads
-    qk_norm: bool = False  # per-head q/k RMSNorm (qwen3 layer configs)
     embed_norm: bool = False  # HASS: RMSNorm on the embedding before fc
     hidden_fc_norm: bool = False  # HASS: RMSNorm on the feature before fc
     lm_head_norm: bool = False  # HASS: RMSNorm before the target's lm_head
@@ -124,7 +123,8 @@ class HeadFormat:
     def detect(self, cfg: dict, keys: set[str]) -> bool:
         raise NotImplementedError
 
-    def layer_config(self, cfg: dict) -> dict:
+    def layer_config(self, cfg: dict, where: str) -> dict:
+        """The Llama-style config of the draft layers."""
         return cfg
 
     def rename(self, key: str) -> str:
@@ -162,7 +162,7 @@ class HeadFormat:
         if ids is not None and (not isinstance(ids, list) or not ids
                                 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)):
             raise CheckpointError(f"draft: {where} {self.ids_key} must be a list of integers, got {ids!r}")
-        d = HeadDescription(self.name, opts, self.layer_config(cfg), canon, ids, self.ids_convention,
+        d = HeadDescription(self.name, opts, self.layer_config(cfg, where), canon, ids, self.ids_convention,
                             f"{self.ids_key} {ids}" if ids is not None else "")
         d.draft_vocab_size = cfg.get("draft_vocab_size")
         d.target_hidden_size = cfg.get("target_hidden_size")
@@ -202,7 +202,7 @@ def _eagle3_options(cfg: dict, keys: set[str], where: str, *, nbr_default: bool 
     if later and (0 in later or sorted(later) != list(range(1, max(later) + 1))):
         raise CheckpointError(f"draft: {where}: draft layers {sorted(later)} after the first are not numbered 1..N")
     return HeadOptions(EAGLE3, num_layers=1 + len(later), fc_bias="fc.bias" in keys,
-                       qk_norm="midlayer.self_attn.q_norm.weight" in keys, norm_before_residual=nbr,
+                       norm_before_residual=nbr,
                        norm_before_fc=nbf, fc_norm=fcn, norm_output=out)
 
 
@@ -284,20 +284,17 @@ class SpeculatorsEagle3(HeadFormat):
     ids_key = "eagle_aux_hidden_state_layer_ids"
 
     def detect(self, cfg, keys):
-        kind = cfg.get("speculators_model_type")
-        if kind is not None and kind != "eagle3":
-            raise CheckpointError(
-                f"draft: speculators_model_type {kind!r} is not supported (only 'eagle3'; the legacy EAGLE-1 "
-                "speculators format was removed from speculators in 2026)")
-        return kind == "eagle3"
+        # By speculators_model_type, never by the architecture string (section 4); other kinds are refused below.
+        return "speculators_model_type" in cfg
 
-    def layer_config(self, cfg):
+    def layer_config(self, cfg, where):
         tlc = cfg.get("transformer_layer_config")
         if not isinstance(tlc, dict):
-            raise CheckpointError("draft: speculators config lacks the transformer_layer_config object")
-        if tlc.get("model_type", "llama") not in ("llama", "qwen3"):
-            raise CheckpointError(f"draft: transformer_layer_config model_type {tlc.get('model_type')!r} is not "
-                                  "supported (llama, qwen3)")
+            raise CheckpointError(f"draft: {where} (speculators) lacks the transformer_layer_config object")
+        if tlc.get("model_type", "llama") != "llama":
+            # qwen3 layer configs add per-head q/k norms; how vLLM serves them is unconfirmed (section 9).
+            raise CheckpointError(f"draft: {where} transformer_layer_config model_type {tlc.get('model_type')!r} "
+                                  "is not supported (llama only)")
         out = {k: v for k, v in tlc.items() if k not in ("architectures", "num_hidden_layers")}
         return out
 
@@ -307,6 +304,11 @@ class SpeculatorsEagle3(HeadFormat):
         return key
 
     def options(self, cfg, keys, where):
+        kind = cfg.get("speculators_model_type")
+        if kind != "eagle3":
+            raise CheckpointError(
+                f"draft: {where} has speculators_model_type {kind!r}, which is not supported (only 'eagle3'; the "
+                "legacy EAGLE-1 speculators format was removed from speculators in 2026)")
         check_unsupported_config(cfg.get("transformer_layer_config") or {}, where + " transformer_layer_config")
         # vLLM (the engine that serves this format) defaults norm_before_residual to True when the key is absent.
         return _eagle3_options(cfg, keys, where, nbr_default=True)

@@ -237,8 +237,6 @@ def _layer_shapes(prefix: str, lcfg: dict, hidden: int, in_dim: int, opts: HeadO
     if opts.qkv_bias:
         out.update({p + "self_attn.q_proj.bias": (heads * hd,), p + "self_attn.k_proj.bias": (kv * hd,),
                     p + "self_attn.v_proj.bias": (kv * hd,)})
-    if opts.qk_norm:
-        out.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     return out
 
 

@@ -135,17 +135,14 @@ class TargetVerify(nn.Module):
 
 
 def _decoder_layer(config, index: int, opts, in_dim: int) -> nn.Module:
-    """A Llama decoder layer whose q/k/v read ``in_dim`` and carry the options' biases / per-head q/k norms."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
+    """A Llama decoder layer whose q/k/v read ``in_dim`` and carry the options' biases."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     layer = LlamaDecoderLayer(config, layer_idx=index)
     attn = layer.self_attn
     for name in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, name)
         setattr(attn, name, nn.Linear(in_dim, old.out_features, bias=opts.qkv_bias))
-    if opts.qk_norm:
-        attn.q_norm = LlamaRMSNorm(attn.head_dim, eps=config.rms_norm_eps)
-        attn.k_norm = LlamaRMSNorm(attn.head_dim, eps=config.rms_norm_eps)
     return layer
 
 
