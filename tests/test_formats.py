@@ -124,7 +124,8 @@ class DocHead:
         w, eps = self.w, self.lc["rms_norm_eps"]
         m = rms(a, w[self.key(layer, "post_attention_layernorm")], eps)
         up = torch.nn.functional.silu(m @ w[self.key(layer, "mlp.gate_proj.weight")].T)
-        return a + (up * (m @ w[self.key(layer, "mlp.up_proj.weight")].T)) @ w[self.key(layer, "mlp.down_proj.weight")].T
+        up = up * (m @ w[self.key(layer, "mlp.up_proj.weight")].T)
+        return a + up @ w[self.key(layer, "mlp.down_proj.weight")].T
 
     def later_layers(self, g, pos):
         eps = self.lc["rms_norm_eps"]
@@ -254,7 +255,8 @@ def test_checkpoint_feature_layers_are_used(models, name, tmp_path):
         empty = np.zeros((1, 0, d.kv_heads, d.head_dim), np.float32)
         out = sess.run(None, {C.INPUT_IDS: np.array([prompt[1:] + [7]]), C.DRAFT_FEATURES: f,
                               C.HIDDEN_IN: np.zeros((1, 0, d.hidden_size), np.float32),
-                              C.POSITION_IDS: np.arange(n)[None], C.ATTENTION_MASK: np.tril(np.ones((n, n), bool))[None],
+                              C.POSITION_IDS: np.arange(n)[None],
+                              C.ATTENTION_MASK: np.tril(np.ones((n, n), bool))[None],
                               **{k: empty for k in C.past_names(d.num_layers)}})
         return out[0]
 
