@@ -199,7 +199,10 @@ def _eagle3_options(cfg: dict, keys: set[str], where: str, *, nbr_default: bool 
         raise CheckpointError(f"draft: {where}: fc_norm is {fcn} but the weights "
                               f"{'have' if has_fcn else 'lack'} fc_norm.* tensors")
     later = _layer_index_keys(keys, "layers.")
-    if later and (0 in later or sorted(later) != list(range(1, max(later) + 1))):
+    if 0 in later:
+        raise CheckpointError(f"draft: {where}: the weights have both a first EAGLE-3 layer (midlayer.*) and "
+                              "layers.0.* keys: not one head")
+    if later and sorted(later) != list(range(1, max(later) + 1)):
         raise CheckpointError(f"draft: {where}: draft layers {sorted(later)} after the first are not numbered 1..N")
     return HeadOptions(EAGLE3, num_layers=1 + len(later), fc_bias="fc.bias" in keys,
                        norm_before_residual=nbr,
