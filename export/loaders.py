@@ -513,6 +513,9 @@ def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list
         if "lm_head.weight" not in w:
             raise CheckpointError(f"draft: {ckpt.weights_file} has no lm_head.weight (an EAGLE-3 head without its "
                                   "own lm_head, e.g. draft_vocab_size null, is not supported)")
+        if desc.layer_config.get("tie_word_embeddings") or ckpt.config.get("tie_word_embeddings"):
+            log.warning("draft: %s sets tie_word_embeddings, which is not followed: the head's own lm_head.weight "
+                        "is used, as the reference does (SGLang would tie it to the embedding)", where)
         vd = int(desc.draft_vocab_size or w["lm_head.weight"].shape[0])
         if not 1 <= vd <= tv:
             raise CheckpointError(f"draft: draft_vocab_size {vd} (draft config.json) must be between 1 and the "

@@ -385,6 +385,40 @@ def test_unimplemented_or_inconsistent_key_is_refused(heads, tmp_path, layout, c
         assert str(d / "config.json") in msg or "model.safetensors" in msg, msg
 
 
+# Config keys the document names that are read (not refused): (layout, edit, check on the LoadedDraft).
+READ = [
+    # The reference ignores num_hidden_layers (yuhuili's Vicuna-13B head declares 40): one midlayer.
+    ("reference", top("num_hidden_layers", 40), None, lambda d: d.options.num_layers == 1),
+    # TensorRT-LLM's spelling of norm_output.
+    ("modelopt", in_eagle_config("return_hidden_post_norm", True), None, lambda d: d.options.norm_output),
+    # speculators: an explicit false overrides vLLM's default of true.
+    ("speculators", top("norm_before_residual", False), None, lambda d: not d.options.norm_before_residual),
+    ("speculators", None, None, lambda d: d.options.norm_before_residual),
+    # Old converted configs spell the EAGLE-1 fc bias eagle_fc_bias.
+    ("eagle1", lambda c: (c.pop("bias"), c.update(eagle_fc_bias=False)), drop("fc.bias"),
+     lambda d: not d.options.fc_bias and d.head.fc.bias is None),
+]
+
+
+@pytest.mark.parametrize("layout, cfg_edit, weights_edit, check", READ)
+def test_config_keys_that_are_read(heads, tmp_path, layout, cfg_edit, weights_edit, check):
+    assert check(load_draft_head(edited(heads, layout, tmp_path, cfg_edit, weights_edit), heads["loaded"]))
+
+
+def test_tie_word_embeddings_is_reported_not_followed(heads, tmp_path, caplog):
+    d = edited(heads, "specforge", tmp_path, top("tie_word_embeddings", True))
+    with caplog.at_level("WARNING", logger="eagle_export"):
+        head = load_draft_head(d, heads["loaded"]).head
+    assert "tie_word_embeddings" in caplog.text and str(d / "config.json") in caplog.text
+    assert torch.equal(head.lm_head.weight, load_file(str(d / "model.safetensors"))["lm_head.weight"])
+
+
+def test_legacy_speculators_eagle1_is_refused(heads, tmp_path):
+    d = edited(heads, "eagle1", tmp_path, weights_edit=lambda w: w.__setitem__("fusion_fc.weight", w.pop("fc.weight")))
+    with pytest.raises(CheckpointError, match="legacy speculators EAGLE-1 head"):
+        load_draft_head(d, heads["loaded"])
+
+
 def test_unknown_tensor_names_key_and_file(heads, tmp_path):
     d = edited(heads, "speculators", tmp_path,
                weights_edit=lambda w: w.__setitem__("layers.0.self_attn.rotary_scale", torch.ones(2)))

@@ -725,10 +725,12 @@ def make_pair(
     eos_token_id: int | None = None,
     eagle3: bool = False,
     draft_vocab_size: int | None = None,
+    **head: Any,
 ) -> tuple[Path, Path]:
     """Make root/target and root/draft (draft seeded with seed + 1). Returns (target_dir, draft_dir).
 
     ``eagle3``: an EAGLE-3 head (``fc_bias`` does not apply) with ``draft_vocab_size`` (None: the target's).
+    ``head``: more keywords for the head writer (``layout``, ``num_layers``, ``hass``, ``qkv_bias``, ...).
     """
     root = Path(root)
     target = make_tiny_target(
@@ -741,8 +743,9 @@ def make_pair(
     )
     common = dict(seed=seed + 1, own_embedding=own_embedding, weights_format=weights_format, init_scale=init_scale)
     if eagle3:
-        return target, make_tiny_eagle3_draft(root / "draft", target, draft_vocab_size=draft_vocab_size, **common)
-    return target, make_tiny_draft(root / "draft", target, fc_bias=fc_bias, **common)
+        return target, make_tiny_eagle3_draft(root / "draft", target, draft_vocab_size=draft_vocab_size, **common,
+                                              **head)
+    return target, make_tiny_draft(root / "draft", target, fc_bias=fc_bias, **common, **head)
 
 
 @click.command()
@@ -758,8 +761,11 @@ def make_pair(
 )
 @click.option("--eagle3", is_flag=True, help="Write an EAGLE-3 head (midlayer.*) instead of an EAGLE-1/2 one.")
 @click.option("--draft-vocab-size", type=int, default=None, help="EAGLE-3: draft vocabulary (default: the target's).")
+@click.option("--layout", type=click.Choice(["reference", "specforge", "speculators", "modelopt", "modelopt-midlayer"]),
+              default="reference", show_default=True, help="EAGLE-3: which producer's format to write.")
+@click.option("--num-layers", type=int, default=1, show_default=True, help="Decoder layers in the head.")
 def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, weights_format: str, eagle3: bool,
-         draft_vocab_size: int | None) -> None:
+         draft_vocab_size: int | None, layout: str, num_layers: int) -> None:
     """Write OUT/target (tiny HF model of the preset's family + tokenizer) and OUT/draft (EAGLE head)."""
     target, draft = make_pair(
         out,
@@ -770,6 +776,8 @@ def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, w
         weights_format=weights_format,  # type: ignore[arg-type]
         eagle3=eagle3,
         draft_vocab_size=draft_vocab_size,
+        num_layers=num_layers,
+        **({"layout": layout} if eagle3 else {}),
     )
     tcfg = json.loads((target / "config.json").read_text())
     dcfg = json.loads((draft / "config.json").read_text())
@@ -779,7 +787,8 @@ def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, w
         f"{tcfg['num_key_value_heads']} head_dim={tcfg.get('head_dim')} vocab={tcfg['vocab_size']} "
         f"rope={tcfg['rope_parameters']}"
     )
-    kind = f"eagle3 draft_vocab_size={dcfg['draft_vocab_size']}" if eagle3 else f"eagle1 bias={dcfg['bias']}"
+    kind = (f"eagle3 layout={layout} draft_vocab_size={dcfg['draft_vocab_size']}" if eagle3
+            else f"eagle1 bias={dcfg.get('bias')}")
     click.echo(
         f"draft:  {draft}  {kind} own_embedding={own_embedding} "
         f"files={sorted(p.name for p in draft.iterdir())}"
