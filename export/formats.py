@@ -251,12 +251,13 @@ class ReferenceEagle1(HeadFormat):
 
 
 class ReferenceEagle3(HeadFormat):
-    """SafeAILab EAGLE-3 (cnets.py): midlayer.*, no eagle_config; feature layers fixed at 2, L//2, L-3."""
+    """SafeAILab EAGLE-3 (cnets.py): midlayer.*, no eagle_config, the target's architecture string; feature
+    layers fixed at 2, L//2, L-3."""
 
     name, title = "reference-eagle3", "SafeAILab EAGLE-3"
 
     def detect(self, cfg, keys):
-        return any(k.startswith("midlayer.") for k in keys) and "eagle_config" not in cfg
+        return any(k.startswith("midlayer.") for k in keys)  # after SpecForge: no eagle_config, the target's arch
 
     def options(self, cfg, keys, where):
         # num_hidden_layers is ignored by the reference (always exactly one midlayer; yuhuili ships 40).
@@ -271,7 +272,10 @@ class SpecForgeEagle3(HeadFormat):
     ids_convention = OUTPUT_OF_LAYER
 
     def detect(self, cfg, keys):
-        return any(k.startswith("midlayer.") for k in keys) and isinstance(cfg.get("eagle_config"), dict)
+        # An eagle_config, or SGLang's architecture string with no eagle_config (the lmsys/sglang-EAGLE3-* copies;
+        # their default ids name the same tensors as the reference's).
+        return any(k.startswith("midlayer.") for k in keys) and (
+            isinstance(cfg.get("eagle_config"), dict) or "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []))
 
     def default_ids(self, n):
         return [1, n // 2 - 1, n - 4]

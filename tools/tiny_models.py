@@ -634,8 +634,10 @@ def _eagle3_layout(layout: str, cfg: dict, tensors: dict, flags: dict, feature_i
             raise ValueError("the reference EAGLE-3 layout has no place for feature ids")
         return cfg, tensors
     if layout == "speculators":
-        layer_cfg = {k: v for k, v in cfg.items() if k not in ("draft_vocab_size", "target_hidden_size")}
-        layer_cfg["architectures"] = ["LlamaForCausalLM"]
+        # As transformers 5 writes it (published 2026 configs): rope only in rope_parameters, dtype not torch_dtype.
+        top_only = ("draft_vocab_size", "target_hidden_size", "rope_theta", "rope_scaling", "torch_dtype")
+        layer_cfg = {k: v for k, v in cfg.items() if k not in top_only}
+        layer_cfg.update(architectures=["LlamaForCausalLM"], dtype="float32")
         out = {
             "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0",
