@@ -25,12 +25,16 @@ from model_table import FORMAT_MODELS
 from safetensors.torch import load_file, save_file
 from test_eagle3 import hf_hidden_states, target_features
 from test_lossless import check_lossless
+from test_oracle import traced
 
 from eagle_export import contract as C
 from eagle_export.errors import CheckpointError
 from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.manifest import load_manifest
+from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.oracle import EagleOracle, compare_with_oracle
 from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+from eagle_export.tree_params import TreeParams
 
 TOL = 1e-4
 
@@ -216,6 +220,22 @@ def test_greedy_lossless_per_format(models, name):
     preset, kw, _, _ = FORMAT_MODELS[name]
     _, accepted = check_lossless(models, preset, kw, (0,), count=8)  # a pruned tree (top_k 4, depth 3, 10 nodes)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("name", list(FORMAT_MODELS))
+def test_runtime_equals_oracle_per_format(models, name):
+    """validate's round check holds for every format: the PyTorch oracle follows each head option too."""
+    target, draft, art = model(models, name)
+    rt = EagleRuntime.open(art, threads=1)
+    oracle = EagleOracle.load(target, draft)
+    rng = np.random.default_rng(11)
+    for _ in range(2):
+        prompt = rng.integers(3, rt.manifest.target.vocab_size, int(rng.integers(2, 16))).tolist()
+        tree = TreeParams(3, 2, 8)
+        res, rounds = traced(rt, prompt, 12, tree)
+        cmp = compare_with_oracle(res.tokens, rounds, oracle.generate(prompt, 12, tree, rt.manifest.max_seq_len),
+                                  1e-4)
+        assert cmp.status in ("match", "tie"), f"{name}: {cmp.detail}"
 
 
 # ---- feature layers --------------------------------------------------------------------------------------
