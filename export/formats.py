@@ -18,7 +18,7 @@ Canonical names (what ``export/modules.py`` loads):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from eagle_export.errors import CheckpointError
 
@@ -77,7 +77,6 @@ class HeadDescription:
     feature_source: str = ""
     draft_vocab_size: int | None = None
     target_hidden_size: int | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _layer_index_keys(keys, prefix: str) -> set[int]:

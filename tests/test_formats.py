@@ -219,7 +219,7 @@ def test_detected_and_draft_graph_equals_the_document(models, name):
 def test_greedy_lossless_per_format(models, name):
     preset, kw, _, _ = FORMAT_MODELS[name]
     _, accepted = check_lossless(models, preset, kw, (0,), count=8)  # a pruned tree (top_k 4, depth 3, 10 nodes)
-    assert accepted > 0
+    assert accepted > 15  # 27-47 seen: multi-token commits are exercised, not only rejections
 
 
 @pytest.mark.parametrize("name", list(FORMAT_MODELS))
