@@ -40,8 +40,9 @@ def main() -> None:
 @click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
               help="Hugging Face target directory (config.json + safetensors).")
 @click.option("--draft", "draft_dir", required=True, type=click.Path(path_type=Path),
-              help="EAGLE head directory, EAGLE-1/2 (layers.0.*) or EAGLE-3 (midlayer.*): config.json + "
-                   "model.safetensors or pytorch_model.bin.")
+              help="EAGLE head directory (config.json + model.safetensors or pytorch_model.bin) in any published "
+                   "format: SafeAILab EAGLE-1/2 or EAGLE-3, SpecForge, speculators, ModelOpt; detected from the "
+                   "files (see docs/formats.md).")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
