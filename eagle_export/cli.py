@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
+from .text_stream import TextStream
 from .tree_params import TreeLimits, TreeParams
 
 _DEF_TREE = TreeParams()
@@ -167,17 +168,13 @@ def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, tot
         for _ in stream:
             pass
     else:
-        shown = ""
-        done: list[int] = []
+        text = None if rt.tokenizer is None else TextStream(lambda ids: rt.decode(ids) or "")
         for chunk in stream:
-            done += chunk
-            if rt.tokenizer is None:
+            if text is None:
                 click.echo(" ".join(map(str, chunk)) + " ", nl=False)
-            else:  # print the growing text's new suffix, so multi-token characters come out whole
-                text = rt.decode(done) or ""
-                click.echo(text[len(shown):], nl=False)
-                shown = text
-        click.echo()
+            else:  # a character split across tokens is held back until it completes
+                click.echo(text.push(chunk), nl=False)
+        click.echo("" if text is None else text.flush())
     res = stream.result
     if as_json:
         out = res.to_dict()
