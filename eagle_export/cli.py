@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
+from .progress import end_open_bars
 from .text_stream import TextStream
 from .tree_params import TreeLimits, TreeParams
 
@@ -26,6 +27,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except EagleExportError as e:
+            end_open_bars()  # an interrupted step's bar: the error starts on its own line
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 
