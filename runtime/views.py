@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 import torch
 
-TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+# numpy has no bfloat16: ml_dtypes' (onnx's own dependency) names it, so bf16 buffers (TensorRT) get views too.
+TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: ml_dtypes.bfloat16,
+               torch.int64: np.int64, torch.bool: np.bool_}
 
 
 class BufferView(NamedTuple):
