@@ -8,6 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 TIE_GAP = 1e-4
+# fp16 graphs against the fp32 reference: validate measures fp16 logits within ~0.1 of fp32 at worst on the tiny
+# models (typically far less), and the fp16 loops diverge from transformers only where its top-2 gap was <= 0.011
+# (test_fp16_loop.py prints each one). A first mismatch with a larger reference gap is a bug.
+FP16_TIE_GAP = 0.05
 
 
 @dataclass
