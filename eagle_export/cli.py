@@ -63,7 +63,7 @@ def main() -> None:
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them (default: the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
@@ -94,7 +94,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
 @click.option("--workspace", default=None, help="TensorRT workspace pool limit, e.g. 512M, 2G [default: TensorRT's].")
 @click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
               help="Timing cache file, read if present and written after building (tensorrt only).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per engine).")
 def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, workspace, timing_cache, quiet) -> None:
     """Build TensorRT engines for the graphs of ARTIFACT and record them in its manifest."""
     from .engines.builder import BuildOptions, build_engines
