@@ -25,6 +25,7 @@ from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
+from .backend import Backend
 from .chat import chat_prompt_ids
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
@@ -97,7 +98,8 @@ class GenerationStream:
 
 
 class EagleRuntime:
-    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None, prefill_chunk: int = 256):
+    def __init__(self, directory: Path, manifest: Manifest, backend: Backend, tokenizer=None,
+                 prefill_chunk: int = 256):
         self.directory = directory
         self.manifest = manifest
         self.backend = backend
@@ -124,9 +126,10 @@ class EagleRuntime:
             from .trt_backend import TrtBackend
 
             be = TrtBackend(directory, manifest)
-            prefill_chunk = min(prefill_chunk, be.max_prefill)  # prefill chunks must fit the prefill profile
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+        if be.max_prefill is not None:  # prefill chunks must fit the engines' prefill profile
+            prefill_chunk = min(prefill_chunk, be.max_prefill)
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
         return cls(directory, manifest, be, tokenizer, prefill_chunk)
 
