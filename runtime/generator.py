@@ -177,7 +177,8 @@ class Generator:
         self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
         self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
         self._cpu = backend.host_memory and dtype != torch.bfloat16
-        # numpy views of the same memory on the CPU (no torch call per access; see Generator)
+        # In host memory the loop reads and fills these buffers through numpy views made here once (same memory, no
+        # torch call per access). Elsewhere it reads through backend.to_host and gathers rows with torch.
         self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None
         # The last context row of every slot (its top-k and hidden predict the root's children): kept per slot,
         # because a joining request's prefill reuses the draft output rows between rounds.
