@@ -328,3 +328,14 @@ def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
     assert {c.graph for c in batched} == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
     assert {(c.graph, c.profile) for c in be.calls} == {(g, i) for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH) for i in (0, 1)}
     assert max(c.axes["batch"] for c in batched) == B
+
+
+def test_run_takes_the_callers_random_source(models):
+    """Generator.run(rng=...) samples from the caller's source: the same draws as the seed it was made from."""
+    _, _, art = models("mha")
+    rt = EagleRuntime.open(art, threads=1)
+    sp = SamplingParams(temperature=1.0, seed=11)
+    want = rt.generate(prompt_ids=[4, 8, 15], max_new_tokens=24, stop_on_eos=False, sampling=sp).tokens
+    got = [t for c in rt.generator.run([4, 8, 15], 24, stop_on_eos=False, sampling=sp.with_seed(None),
+                                       rng=np.random.default_rng(11)) for t in c]
+    assert got == want
