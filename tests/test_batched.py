@@ -81,10 +81,12 @@ def test_batched_greedy_equals_transformers_generate(models, preset, kw):
     rt.close()
 
 
-def test_batched_fp16_equals_single_sequence(models):
+@pytest.mark.parametrize("preset, kw", [pytest.param("gqa", {}, id="eagle1-gqa"),
+                                        pytest.param(*EAGLE3_MODELS["qwen2-identity"], id="eagle3-qwen2")])
+def test_batched_fp16_equals_single_sequence(models, preset, kw):
     """fp16 graphs: each sequence of a batch (mixed trees and --no-draft) equals the same request run alone on the
     single-sequence runtime, token for token: padding rows and masked regions change nothing."""
-    _, _, art = models("gqa", dtype="fp16", max_batch=B)
+    _, _, art = models(preset, dtype="fp16", max_batch=B, **kw)
     single = EagleRuntime.open(art, threads=1)
     rt = EagleRuntime.open(art, threads=1, max_batch=B)
     reqs = requests(single.manifest.target.vocab_size, seed=1)
