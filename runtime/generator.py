@@ -407,10 +407,16 @@ class Generator:
         mask[:, past:] = self._tri[:new, :new] if new <= len(self._tri) else np.tri(new, dtype=np.bool_)
 
     def _first_token(self, s: Slot) -> int:
-        row = self._rows_np("logits", 0, 1)[0]
+        return self._token_at(s, 0)
+
+    def _token_at(self, s: Slot, r: int) -> int:
+        """The token after logits row r: its argmax (greedy; on the device when the buffers live there) or a draw
+        from its processed distribution with s's random source."""
         if s.req.sampling is None:
-            return int(row.argmax())
-        return sample_token(process_logits(row, s.req.sampling), s.req.rng)
+            if self._np is not None:
+                return int(self._np["logits"][r].argmax())
+            return int(self.backend.to_host(self._t["logits"][r].argmax()))
+        return sample_token(process_logits(self._rows_np("logits", r, r + 1)[0], s.req.sampling), s.req.rng)
 
     # ---- layout --------------------------------------------------------------------------------
     def _fit(self, slots: list[Slot], extra: dict | None = None) -> None:
@@ -578,9 +584,7 @@ class Generator:
     def _plain_step(self, s: Slot, b: int, r0: int) -> None:
         """No draft: the next token from the root's logits row (argmax, or a draw from its processed
         distribution), the root's K/V row into the cache."""
-        row = self._np["logits"][r0] if self._np is not None else self._rows_np("logits", r0, r0 + 1)[0]
-        tok = int(row.argmax()) if s.req.sampling is None else sample_token(process_logits(row, s.req.sampling),
-                                                                            s.req.rng)
+        tok = self._token_at(s, r0)
         s.stats.accept_lengths.append(0)
         self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
         s.tokens = [tok]
