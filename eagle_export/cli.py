@@ -63,15 +63,15 @@ def main() -> None:
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
-    from .export.exporter import ExportOptions, export_artifact
+    from .export.exporter import ExportOptions, export_with_report
 
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), overwrite=overwrite,
                          feature_layers=layers)
-    path = export_artifact(target_dir, draft_dir, out_dir, opts, progress=not quiet)
-    click.echo(f"wrote {path}")
+    report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
+    click.echo(report.summary())
 
 
 @main.command("build")

@@ -23,6 +23,7 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
+from .weights import Source, checkpoint_bytes, checkpoint_index, externalize, graph_sources, swap_in_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 OPSET = 17
+# Targets whose weight files reach this size take the lean path (export/weights.py: placeholders traced, the
+# checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with their
+# weights, which lets torch's constant folding run; both paths give the same graphs' values.
+LEAN_THRESHOLD_BYTES = 256 << 20
 
 
 @dataclass
@@ -43,6 +48,36 @@ class ExportOptions:
     overwrite: bool = False
     # EAGLE-3: target decoder layers whose inputs form the draft's features (None: the reference's 2, L//2, L-3).
     feature_layers: list[int] | None = None
+    # Weight files of at least this many bytes take the lean path (0: always, when the target is safetensors).
+    lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
+
+
+@dataclass
+class ExportReport:
+    """What an export did: where, how long, how much memory, and how the size compares with the checkpoints."""
+
+    path: Path
+    lean: bool
+    wall_s: float
+    peak_rss_bytes: int
+    weights_bytes: int  # target + head weights at the output dtype
+    artifact_bytes: int
+
+    def summary(self) -> str:
+        gib = 1 << 30
+        return (f"wrote {self.path} in {self.wall_s:.1f} s ({'lean' if self.lean else 'in-memory'} path), peak memory "
+                f"{self.peak_rss_bytes / gib:.2f} GiB = {self.peak_rss_bytes / max(self.weights_bytes, 1):.2f}x the "
+                f"weights ({self.weights_bytes / gib:.2f} GiB at the output dtype), artifact "
+                f"{self.artifact_bytes / gib:.2f} GiB")
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
@@ -52,20 +87,32 @@ def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
     return ids, pos, mask
 
 
-def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path) -> None:
-    """Trace with the contract's names and axes, then store weights as external data next to the graph."""
+def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path,
+                  lean: dict[int, Source] | None = None, dtype: torch.dtype | None = None, bar=None) -> None:
+    """Trace with the contract's names and axes, then store weights as external data next to the graph.
+
+    lean: placeholder id -> checkpoint tensor (export/weights.py). Then the module is traced without its weights
+    (they become graph inputs, no constant folding touches them) and ``externalize`` writes them from their
+    sources one by one; the graph file is written once, small, and only ``<graph>.onnx.data`` sits beside it.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=OPSET,
             input_names=spec.input_names, output_names=spec.output_names,
-            dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+            dynamic_axes=spec.dynamic_axes(), do_constant_folding=lean is None,
+            export_params=lean is None, keep_initializers_as_inputs=lean is not None,
         )
     model = onnx.load(str(path))
     _pin_io_shapes(model, spec)
     data_name = path.name + ".data"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_name, size_threshold=1024)
+    if lean is None:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    else:
+        externalize(model, graph_sources(module, lean), dtype, path.with_name(data_name),
+                    progress=None if bar is None else bar.update)
+        onnx.save_model(model, str(path))
     onnx.checker.check_model(str(path))
 
 
@@ -104,6 +151,35 @@ def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | N
 def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
                     options: ExportOptions | None = None, progress: bool = True) -> Path:
     """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
+    return export_with_report(target_dir, draft_dir, out_dir, options, progress).path
+
+
+def _unique_param_bytes(modules: list[torch.nn.Module], dtype: torch.dtype) -> int:
+    """Bytes of the modules' distinct parameters at ``dtype`` (float ones; others at their own size)."""
+    seen: dict[int, torch.Tensor] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen[id(p)] = p
+    return sum(p.numel() * (torch.empty((), dtype=dtype).element_size() if p.is_floating_point() else p.element_size())
+               for p in seen.values())
+
+
+def _prepare_lean_target(target: LoadedTarget, dtype: torch.dtype) -> dict[int, Source]:
+    """A meta-device target made traceable: rotary tables computed for real, every weight a placeholder."""
+    base = target.model.model
+    base.rotary_emb = type(base.rotary_emb)(config=target.model.config)
+    sources = swap_in_placeholders(target.model, checkpoint_index(target.path), dtype)
+    target.model.to(dtype)
+    left = [n for n, b in target.model.named_buffers() if b.is_meta]
+    if left:
+        raise EagleExportError(f"lean export: {target.config.model_type} has buffers it cannot rebuild: {left}")
+    return sources
+
+
+def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
+                       options: ExportOptions | None = None, progress: bool = True) -> ExportReport:
+    """``export_artifact``, returning what the export cost (wall time, peak memory, sizes)."""
+    t_start = time.perf_counter()
     out_dir = Path(out_dir)
     options = options or ExportOptions()
     if options.dtype not in DTYPES:
@@ -124,7 +200,10 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     steps = tqdm(total=5, desc="export", disable=not progress, unit="step")
 
     steps.set_postfix_str("loading target")
-    target = load_target(target_dir, dtype=torch.float32, progress=progress)
+    tdir = Path(target_dir)
+    lean = (tdir.is_dir() and any(tdir.glob("*.safetensors"))
+            and checkpoint_bytes(tdir) >= options.lean_threshold_bytes)
+    target = load_target(target_dir, dtype=dtype if lean else torch.float32, progress=progress, weights=not lean)
     if options.max_seq_len > target.config.max_position_embeddings:
         raise CheckpointError(
             f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
@@ -133,6 +212,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     check_sliding_window(target, options.max_seq_len)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
+    sources = _prepare_lean_target(target, dtype) if lean else None
     steps.update()
     steps.set_postfix_str("loading draft")
     draft = load_draft_head(draft_dir, target, options.feature_layers)
@@ -143,6 +223,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         )
     target.model.to(dtype)
     head.to(dtype)
+    weights_bytes = _unique_param_bytes([target.model, head], dtype)
     steps.update()
 
     dtype_name = NP_DTYPE_NAMES[dtype]
@@ -181,7 +262,11 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     tmp.chmod(0o755)
+    wbar = None
     try:
+        if lean:
+            wbar = tqdm(total=weights_bytes, desc="weights", disable=not progress, unit="B", unit_scale=True,
+                        unit_divisor=1024, leave=False)
         with torch.no_grad():
             steps.set_postfix_str("tracing target verify graph")
             b, t, p = 2, 3, 5
@@ -190,7 +275,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
                     for _ in range(2 * tinfo.num_layers)]
             _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
-                          tmp / f"{C.TARGET_GRAPH}.onnx")
+                          tmp / f"{C.TARGET_GRAPH}.onnx", sources, dtype, wbar)
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
@@ -198,7 +283,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
             dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
-                          tmp / f"{C.DRAFT_GRAPH}.onnx")
+                          tmp / f"{C.DRAFT_GRAPH}.onnx", sources, dtype, wbar)
             steps.update()
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:
@@ -215,6 +300,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
             versions=_versions(),
+            files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
         )
         # The manifest is written last: a directory without one is never mistaken for a finished export.
         manifest.write(tmp)
@@ -226,9 +312,12 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
+        if wbar is not None:
+            wbar.close()
         steps.close()
     assert (out_dir / MANIFEST_NAME).is_file()
-    return out_dir
+    return ExportReport(out_dir, lean, time.perf_counter() - t_start, peak_rss_bytes(), weights_bytes,
+                        sum(f.stat().st_size for f in out_dir.iterdir()))
 
 
 def _versions() -> dict[str, str]:
