@@ -23,7 +23,15 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
-from .weights import Source, checkpoint_bytes, checkpoint_index, externalize, graph_sources, swap_in_placeholders
+from .weights import (
+    MemoryTensor,
+    Source,
+    WeightsAsInputs,
+    checkpoint_bytes,
+    checkpoint_index,
+    checkpoint_sources,
+    externalize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +96,25 @@ def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
 
 
 def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path,
-                  lean: dict[int, Source] | None = None, dtype: torch.dtype | None = None, bar=None) -> None:
+                  lean: dict[int, Source] | None = None, bar=None) -> None:
     """Trace with the contract's names and axes, then store weights as external data next to the graph.
 
-    lean: placeholder id -> checkpoint tensor (export/weights.py). Then the module is traced without its weights
-    (they become graph inputs, no constant folding touches them) and ``externalize`` writes them from their
-    sources one by one; the graph file is written once, small, and only ``<graph>.onnx.data`` sits beside it.
+    lean: tensor id -> checkpoint tensor (export/weights.py). Then the module is traced on the meta device with
+    its weights as graph inputs, and ``externalize`` writes them from their sources one by one: the graph file is
+    written once, small, and only ``<graph>.onnx.data`` sits beside it.
     """
+    names, axes = spec.input_names, spec.dynamic_axes()
+    if lean is not None:
+        wrapper = WeightsAsInputs(module)
+        names = names + wrapper.names
+        args = tuple(a.to("meta") for a in args) + tuple(wrapper.meta_weights())
+        module = wrapper
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=OPSET,
-            input_names=spec.input_names, output_names=spec.output_names,
-            dynamic_axes=spec.dynamic_axes(), do_constant_folding=lean is None,
-            export_params=lean is None, keep_initializers_as_inputs=lean is not None,
+            input_names=names, output_names=spec.output_names,
+            dynamic_axes=axes, do_constant_folding=lean is None,
         )
     model = onnx.load(str(path))
     _pin_io_shapes(model, spec)
@@ -110,7 +123,7 @@ def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data_name, size_threshold=1024)
     else:
-        externalize(model, graph_sources(module, lean), dtype, path.with_name(data_name),
+        externalize(model, wrapper.sources(lean), path.with_name(data_name),
                     progress=None if bar is None else bar.update)
         onnx.save_model(model, str(path))
     onnx.checker.check_model(str(path))
@@ -164,15 +177,14 @@ def _unique_param_bytes(modules: list[torch.nn.Module], dtype: torch.dtype) -> i
                for p in seen.values())
 
 
-def _prepare_lean_target(target: LoadedTarget, dtype: torch.dtype) -> dict[int, Source]:
-    """A meta-device target made traceable: rotary tables computed for real, every weight a placeholder."""
-    base = target.model.model
-    base.rotary_emb = type(base.rotary_emb)(config=target.model.config)
-    sources = swap_in_placeholders(target.model, checkpoint_index(target.path), dtype)
-    target.model.to(dtype)
-    left = [n for n, b in target.model.named_buffers() if b.is_meta]
-    if left:
-        raise EagleExportError(f"lean export: {target.config.model_type} has buffers it cannot rebuild: {left}")
+def _lean_sources(target: LoadedTarget, dtype: torch.dtype) -> dict[int, Source]:
+    """Where each weight of a meta-device target comes from: the checkpoint, by name, and the rotary tables
+    computed here for real (cast to ``dtype`` as the in-memory path's ``model.to(dtype)`` casts them)."""
+    sources = checkpoint_sources(target.model, checkpoint_index(target.path))
+    rotary = target.model.model.rotary_emb
+    real = type(rotary)(config=target.model.config).to(dtype)
+    for name, buf in rotary.named_buffers():
+        sources[id(buf)] = MemoryTensor(real.get_buffer(name))
     return sources
 
 
@@ -212,7 +224,6 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     check_sliding_window(target, options.max_seq_len)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
-    sources = _prepare_lean_target(target, dtype) if lean else None
     steps.update()
     steps.set_postfix_str("loading draft")
     draft = load_draft_head(draft_dir, target, options.feature_layers)
@@ -223,6 +234,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
         )
     target.model.to(dtype)
     head.to(dtype)
+    sources = _lean_sources(target, dtype) if lean else None  # after .to(dtype): it replaces cast buffers
     weights_bytes = _unique_param_bytes([target.model, head], dtype)
     steps.update()
 
@@ -275,7 +287,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
                     for _ in range(2 * tinfo.num_layers)]
             _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
-                          tmp / f"{C.TARGET_GRAPH}.onnx", sources, dtype, wbar)
+                          tmp / f"{C.TARGET_GRAPH}.onnx", sources, wbar)
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
@@ -283,7 +295,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
             dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
-                          tmp / f"{C.DRAFT_GRAPH}.onnx", sources, dtype, wbar)
+                          tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
             steps.update()
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:

@@ -1,10 +1,10 @@
 """Lean export of large models: trace with weightless placeholders, then stream the checkpoint into the graph.
 
-A real-size target does not fit in memory several times over (the traced model, the exporter's copy, the
-ONNX proto, the saved proto). Here the traced module holds *placeholders*: parameters with the real shape and
-dtype that occupy one element each (a stride-0 ``expand``), so tracing costs no weight memory. The traced
-graph takes every parameter as an input (``export_params=False``); ``externalize`` then turns each such input
-into an initializer whose bytes are read from the checkpoint one tensor at a time, cast to the output dtype,
+A real-size target does not fit in memory several times over (the loaded model, the exporter's copy, the
+ONNX proto, the saved proto). Here the target is built on the meta device (shapes, no data) and traced there
+with every parameter and buffer fed in as a graph input (``WeightsAsInputs``), so tracing touches no weight
+and takes seconds. ``externalize`` then turns each weight input into an initializer whose bytes are read from
+the checkpoint (or, for the small draft head, from memory) one tensor at a time, cast to the graph's dtype,
 transposed when the graph only ever uses it transposed (what ``torch.onnx``'s constant folding does for
 ``nn.Linear``), and appended to the graph's one data file. A tensor used both plain and transposed (a tied
 embedding / lm_head) is stored once, transposed, and its ``Gather`` reads along the other axis.
@@ -13,7 +13,7 @@ embedding / lm_head) is stored once, transposed, and its ``Gather`` reads along 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,55 +110,85 @@ def checkpoint_bytes(directory: str | Path) -> int:
     return sum(p.stat().st_size for p in files if p.is_file())
 
 
-def placeholder(shape: Iterable[int], dtype: torch.dtype, tag: int) -> torch.nn.Parameter:
-    """A parameter of this shape and dtype backed by one element (stride 0): it traces like the real one.
+def checkpoint_sources(model: torch.nn.Module, index: dict[str, CheckpointTensor]) -> dict[int, Source]:
+    """Tensor id -> checkpoint tensor for every parameter of a (meta-device) model.
 
-    ``tag`` makes placeholders differ in value, so nothing that compares values would merge two of them.
-    """
-    return torch.nn.Parameter(torch.full((), float(tag % 1000), dtype=dtype).expand(*shape), requires_grad=False)
-
-
-def swap_in_placeholders(model: torch.nn.Module, index: dict[str, CheckpointTensor],
-                         dtype: torch.dtype) -> dict[int, Source]:
-    """Replace every parameter of ``model`` by a placeholder; return placeholder id -> checkpoint tensor.
-
-    Tied parameters (one tensor under several names) stay tied: one placeholder, read from whichever of its
-    names the checkpoint holds. A parameter the checkpoint lacks, or holds with another shape, is an error.
+    Tied parameters (one tensor under several names) are read from whichever of their names the checkpoint
+    holds. A parameter the checkpoint lacks, or holds with another shape, is an error.
     """
     names: dict[int, list[str]] = {}
-    params: dict[int, torch.nn.Parameter] = {}
+    params: dict[int, torch.Tensor] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
         params[id(p)] = p
     sources: dict[int, Source] = {}
-    new: dict[int, torch.nn.Parameter] = {}
-    for i, (pid, p) in enumerate(params.items()):
+    for pid, p in params.items():
         key = next((n for n in names[pid] if n in index), None)
         if key is None:
             raise CheckpointError(f"target: the checkpoint lacks {' / '.join(names[pid])}")
-        src = index[key]
-        if src.shape != tuple(p.shape):
-            raise CheckpointError(f"target: {key} has shape {src.shape} in the checkpoint, the config implies "
-                                  f"{tuple(p.shape)}")
-        new[pid] = placeholder(p.shape, dtype, i)
-        sources[id(new[pid])] = src
-    for module in model.modules():
-        for n, p in list(module._parameters.items()):
-            if p is not None:
-                module._parameters[n] = new[id(p)]
+        if index[key].shape != tuple(p.shape):
+            raise CheckpointError(f"target: {key} has shape {index[key].shape} in the checkpoint, the config "
+                                  f"implies {tuple(p.shape)}")
+        sources[pid] = index[key]
     return sources
 
 
-def graph_sources(module: torch.nn.Module, known: dict[int, Source]) -> dict[str, Source]:
-    """ONNX input name -> source for every parameter and buffer of a module traced with export_params=False.
+class WeightsAsInputs(torch.nn.Module):
+    """Runs ``module`` with each of its parameters and buffers taken from the trailing positional arguments.
 
-    The tracer names them by their first name in the module; placeholders map to the checkpoint (``known``),
-    everything else (the draft head's own weights, rotary tables, id maps) is written from memory.
+    Traced on the meta device, with meta tensors standing in for the weights, the tracer needs no weight data
+    and the ONNX exporter sees no parameters (so nothing of the model is copied, folded or inferred from values):
+    every weight is a graph input named ``names[i]``, its first name in ``module``.
     """
-    out: dict[str, Source] = {}
-    for name, t in (*module.named_parameters(), *module.named_buffers()):
-        out[name] = known.get(id(t)) or MemoryTensor(t.detach())
-    return out
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        object.__setattr__(self, "inner", module)  # not a submodule: its weights must not become parameters here
+        self.slots: list[list[tuple[dict, str]]] = []
+        self.names: list[str] = []
+        self.tensors: list[torch.Tensor] = []
+        seen: dict[int, int] = {}
+        for prefix, mod in module.named_modules():
+            for kind in ("_parameters", "_buffers"):
+                d = getattr(mod, kind)
+                for key, t in d.items():
+                    if t is None:
+                        continue
+                    if id(t) not in seen:
+                        seen[id(t)] = len(self.names)
+                        self.names.append(f"{prefix}.{key}" if prefix else key)
+                        self.tensors.append(t)
+                        self.slots.append([])
+                    self.slots[seen[id(t)]].append((d, key))
+
+    def meta_weights(self) -> list[torch.Tensor]:
+        return [torch.empty_like(t, device="meta") for t in self.tensors]
+
+    def forward(self, *args):
+        n = len(self.tensors)
+        inputs, weights = args[:len(args) - n], args[len(args) - n:]
+        try:
+            for slots, w in zip(self.slots, weights, strict=True):
+                for d, key in slots:
+                    d[key] = w
+            return self.inner(*inputs)
+        finally:
+            for slots, t in zip(self.slots, self.tensors, strict=True):
+                for d, key in slots:
+                    d[key] = t
+
+    def sources(self, known: dict[int, Source]) -> dict[str, Source]:
+        """Graph input name -> where its bytes come from: ``known`` (the checkpoint) or the tensor in memory."""
+        out: dict[str, Source] = {}
+        for name, t in zip(self.names, self.tensors, strict=True):
+            src = known.get(id(t))
+            if src is None:
+                if t.is_meta:
+                    raise CheckpointError(f"lean export: no data for {name} (a weight neither in the checkpoint nor "
+                                          "in memory)")
+                src = MemoryTensor(t.detach())
+            out[name] = src
+        return out
 
 
 def _perm(node: onnx.NodeProto) -> list[int] | None:
@@ -228,16 +258,24 @@ def _plan(graph: onnx.GraphProto, sources: dict[str, Source]) -> tuple[list[_Pla
     return plans, nodes
 
 
-def externalize(model: onnx.ModelProto, sources: dict[str, Source], dtype: torch.dtype, data_path: Path,
+TORCH_TYPES = {v: k for k, v in ONNX_TYPES.items()}
+
+
+def externalize(model: onnx.ModelProto, sources: dict[str, Source], data_path: Path,
                 progress: Callable[[int], None] | None = None) -> int:
-    """Turn the weight inputs of a graph traced with export_params=False into initializers stored in
-    ``data_path``, read from ``sources`` one at a time. Float tensors are cast to ``dtype``. Returns bytes written.
+    """Turn the weight inputs of a graph traced through ``WeightsAsInputs`` into initializers stored in
+    ``data_path``, read from ``sources`` one at a time and cast to the input's declared type. Weights no node
+    reads are dropped. Returns the bytes written.
     """
     graph = model.graph
+    used = {x for node in graph.node for x in node.input}
+    types = {i.name: TORCH_TYPES[i.type.tensor_type.elem_type] for i in graph.input if i.name in sources}
+    dead = [i.name for i in graph.input if i.name in sources and i.name not in used]
+    sources = {k: v for k, v in sources.items() if k in used}
     plans, nodes = _plan(graph, sources)
     del graph.node[:]
     graph.node.extend(nodes)
-    weights = {p.name for p in plans}
+    weights = {p.name for p in plans} | set(dead)
     kept = [i for i in graph.input if i.name not in weights]
     del graph.input[:]
     graph.input.extend(kept)
@@ -245,8 +283,9 @@ def externalize(model: onnx.ModelProto, sources: dict[str, Source], dtype: torch
     with open(data_path, "wb") as f:
         for plan in plans:
             t = plan.source.load()
-            if t.is_floating_point():
-                t = t.to(dtype)
+            if tuple(t.shape) != tuple(plan.source.shape):
+                raise CheckpointError(f"{plan.name}: read shape {tuple(t.shape)}, expected {plan.source.shape}")
+            t = t.to(types[plan.name])
             if plan.transposed:
                 t = t.t()
             t = t.contiguous()

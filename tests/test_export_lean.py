@@ -12,7 +12,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import safetensors
-import torch
 
 from eagle_export import contract as C
 from eagle_export.errors import CheckpointError
@@ -158,12 +157,3 @@ def test_lean_export_failing_halfway_leaves_nothing(tmp_path, tmpdir_env, monkey
         _export(target, draft, tmp_path / "out" / "other", LEAN)
     assert sorted(p.name for p in out.parent.iterdir()) == ["art"]
     assert list(tmpdir_env.iterdir()) == []
-
-
-def test_placeholders_cost_no_weight_memory():
-    """A traced placeholder has the real shape but one element of storage."""
-    from eagle_export.export.weights import placeholder
-
-    p = placeholder((128256, 4096), torch.float16, 3)
-    assert tuple(p.shape) == (128256, 4096) and p.dtype == torch.float16
-    assert p.untyped_storage().nbytes() == 2

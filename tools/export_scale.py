@@ -192,7 +192,8 @@ def write_eagle3_head(out: Path, shape: dict, seed: int = 1) -> int:
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     f16 = torch.float16
     p = "midlayer."
-    specs = [("d2t", (DRAFT_VOCAB,), torch.int64), ("fc.weight", (h, 3 * h), f16), ("lm_head.weight", (DRAFT_VOCAB, h), f16),
+    specs = [("d2t", (DRAFT_VOCAB,), torch.int64), ("fc.weight", (h, 3 * h), f16),
+             ("lm_head.weight", (DRAFT_VOCAB, h), f16),
              (p + "hidden_norm.weight", (h,), f16), (p + "input_layernorm.weight", (h,), f16),
              (p + "mlp.down_proj.weight", (h, i), f16), (p + "mlp.gate_proj.weight", (i, h), f16),
              (p + "mlp.up_proj.weight", (i, h), f16), (p + "post_attention_layernorm.weight", (h,), f16),
