@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,7 @@ class EagleRuntime:
         self.tokenizer = tokenizer
         self.generator = Generator(manifest, backend, prefill_chunk)
         self._lock = _OwnedLock()
+        self.open_s: float | None = None  # set by open(): seconds it took
 
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
@@ -112,6 +114,7 @@ class EagleRuntime:
         on a CUDA GPU). threads: intra-op threads per graph (ort; None: its default); prefill_chunk: prompt
         tokens per prefill forward (bounds the prefill's scratch memory; tensorrt caps it at --max-prefill).
         """
+        t0 = time.perf_counter()
         directory = Path(directory)
         manifest = load_manifest(directory)
         if backend == "ort":
@@ -126,7 +129,10 @@ class EagleRuntime:
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
-        return cls(directory, manifest, be, tokenizer, prefill_chunk)
+        rt = cls(directory, manifest, be, tokenizer, prefill_chunk)
+        rt.open_s = time.perf_counter() - t0  # load time: graphs on the backend, buffers, tokenizer
+        log.info("opened %s in %.1f s", directory, rt.open_s)
+        return rt
 
     # ---- text <-> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

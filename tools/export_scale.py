@@ -250,9 +250,8 @@ def child_open(artifact: str, reps: int) -> dict:
     from eagle_export.runtime import EagleRuntime
 
     rss0, _ = _rss()
-    t0 = time.perf_counter()
     rt = EagleRuntime.open(artifact)
-    open_s = time.perf_counter() - t0
+    open_s = rt.open_s
     rss_open, hwm_open = _rss()
     m = rt.manifest
     np_dtype = np.dtype(m.dtype)
@@ -300,6 +299,13 @@ def _host_per_round(rt) -> float:
     return (run.decode_s - run.draft_s - run.target_s) / max(run.rounds, 1)
 
 
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _child(args: list[str]) -> dict:
     cmd = [sys.executable, "-m", "eagle_export.tools.export_scale", "--child", json.dumps(args)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -318,7 +324,7 @@ class Row:
     weights_bytes: int
     write_s: float
     export: dict
-    open: dict
+    open: dict | None  # None: not opened (--no-open)
 
     def bound(self, tau: float) -> float:
         c = self.open["costs"]
@@ -336,19 +342,24 @@ def format_table(rows: list[Row]) -> str:
            "open s | open RSS GiB (x weights) | step ms | verify 4/8/16/32 ms | draft ms | host ms | "
            "bound tau 3/4/5 |", "|" + "---|" * 13]
     for r in rows:
-        e, o, c = r.export, r.open, r.open["costs"]
+        e = r.export
         w = e["weights"]
-        ver = "/".join(f"{c[f'verify{n}'] * 1e3:.0f}" for n in VERIFY_SIZES)
-        bound = "/".join(f"{r.bound(t):.2f}" for t in (3, 4, 5))
-        out.append(
-            f"| {NAMES.get(r.model, r.model)} + EAGLE-3 | {r.params / 1e9:.2f} B | {_gb(w)} | {e['wall_s']:.0f} | "
-            f"{_gb(e['peak_rss'])} ({e['peak_rss'] / w:.2f}x) | {_gb(e['artifact'])} ({e['artifact'] / w:.2f}x) | "
-            f"{o['open_s']:.1f} | {_gb(o['open_rss'])} ({o['open_rss'] / w:.2f}x) | {c['step'] * 1e3:.0f} | {ver} | "
-            f"{c['draft'] * 1e3:.0f} | {o['host_s'] * 1e3:.0f} | {bound} |")
+        cells = [f"{NAMES.get(r.model, r.model)} + EAGLE-3", f"{r.params / 1e9:.2f} B", _gb(w), f"{e['wall_s']:.0f}",
+                 f"{_gb(e['peak_rss'])} ({e['peak_rss'] / w:.2f}x)", f"{_gb(e['artifact'])} ({e['artifact'] / w:.2f}x)"]
+        if r.open is None:
+            cells += ["not opened"] + [""] * 6
+        else:
+            o, c = r.open, r.open["costs"]
+            cells += [f"{o['open_s']:.1f}", f"{_gb(o['open_rss'])} ({o['open_rss'] / w:.2f}x)",
+                      f"{c['step'] * 1e3:.0f}", "/".join(f"{c[f'verify{n}'] * 1e3:.0f}" for n in VERIFY_SIZES),
+                      f"{c['draft'] * 1e3:.0f}", f"{o['host_s'] * 1e3:.0f}",
+                      "/".join(f"{r.bound(t):.2f}" for t in (3, 4, 5))]
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
-def run_model(key: str, work: Path, reps: int, keep: bool, log=print) -> Row:
+def run_model(key: str, work: Path, reps: int, keep: bool, dtype: str = "fp16", open_it: bool = True,
+              log=print) -> Row:
     shape = SHAPES[key]
     base = work / key
     tdir, ddir, art = base / "target", base / "eagle3", base / "artifact"
@@ -359,10 +370,19 @@ def run_model(key: str, work: Path, reps: int, keep: bool, log=print) -> Row:
         write_eagle3_head(ddir, shape)
     write_s = time.perf_counter() - t0
     params = sum(_nbytes(s) // 2 for s in target_specs(shape))
-    log(f"[{key}] exporting fp16")
-    exp = _child(["export", str(tdir), str(ddir), str(art), "fp16"])
+    log(f"[{key}] exporting {dtype}")
+    exp = _child(["export", str(tdir), str(ddir), str(art), dtype])
     log(f"[{key}] export {exp['wall_s']:.0f} s, peak {_gb(exp['peak_rss'])} GiB; opening and timing")
-    opened = _child(["open", str(art), str(reps)])
+    opened = None
+    if open_it:
+        # ONNX Runtime's CPU provider has no fp16 MatMul: it holds fp16 weights as float32, twice their size.
+        need = exp["weights"] * (2 if dtype == "fp16" else 1) * 1.1
+        avail = _mem_available()
+        if need > avail:
+            log(f"[{key}] not opening: ONNX Runtime CPU would hold ~{_gb(need)} GiB of float32 weights, "
+                f"{_gb(avail)} GiB available")
+        else:
+            opened = _child(["open", str(art), str(reps)])
     row = Row(key, params, exp["weights"], write_s, exp, opened)
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
@@ -373,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1b,3b,8b", help="comma-separated: " + ", ".join(SHAPES))
     ap.add_argument("--work", type=Path, default=Path("/tmp/scale"), help="where checkpoints and artifacts go")
+    ap.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16", help="export dtype")
+    ap.add_argument("--no-open", action="store_true", help="export only (no open, no per-call costs)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measured graph call (median)")
     ap.add_argument("--keep", action="store_true", help="keep checkpoints and artifacts (default: delete each)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -390,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for key in keys:
-        rows.append(run_model(key, a.work, a.reps, a.keep))
+        rows.append(run_model(key, a.work, a.reps, a.keep, a.dtype, not a.no_open))
         print(format_table(rows[-1:]), flush=True)
     tree = TreeParams()
     print(f"\ndefault tree top_k {tree.top_k}, depth {tree.depth}, total_tokens {tree.total_tokens} "
