@@ -45,7 +45,9 @@ def test_published_layout_checkpoints_export_lean(tmp_path, monkeypatch):
     assert rep.lean and rep.weights_bytes > total  # target + head
     m = load_manifest(rep.path)
     assert (m.variant, m.draft.vocab_size, m.target.vocab_size) == ("eagle3", S.DRAFT_VOCAB, S.VOCAB)
-    assert rep.artifact_bytes < 1.3 * rep.weights_bytes
+    # Nothing is stored twice except the draft graph's copy of the target's embedding (docs/scale.md).
+    embedding = S.VOCAB * TINY["hidden_size"] * 2
+    assert rep.weights_bytes + embedding <= rep.artifact_bytes < rep.weights_bytes + embedding + (1 << 20)
 
 
 @pytest.mark.parametrize("key", sorted(S.SHAPES))
