@@ -1,9 +1,13 @@
 """The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit.
 
-Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with buffers it
-allocated once (caches and their new-rows scratch, output scratch, host arrays for ids, positions and
-masks), so ONNX Runtime and TensorRT share it. A backend that binds by address (``binds_views``) gets
-``BufferView``s of those buffers, made by arithmetic; others get torch tensors and numpy arrays.
+Backend-neutral: it talks to a backend only through the ``Backend`` interface (``backend.py``). It
+allocates every buffer once (caches and their new-rows scratch, output scratch, host arrays for ids,
+positions and masks) and passes ``BufferView``s of them to ``run``, made by address arithmetic.
+
+A generation reads as the algorithm: ``_prefill`` (prompt chunks, each followed by its draft context),
+then either ``_plain_step`` per token (no draft), or per round ``_grow_tree`` (draft levels),
+``_verify`` (one target forward of the tree), ``_accept_and_commit`` (acceptance, kept K/V rows into
+the cache) and ``_draft_context`` (the committed tokens through the draft).
 
 Decoding is greedy unless a ``SamplingParams`` with temperature > 0 is given: then every place
 that takes the target's argmax (the prefill's root, the no-draft step, the verify acceptance)
@@ -22,18 +26,19 @@ import numpy as np
 import torch
 
 from eagle_export import contract as C
+from eagle_export.dtypes import torch_dtype
 from eagle_export.errors import GenerationError
 from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
-from .accept import accept_greedy, accept_sampling
+from .accept import Accepted, accept_greedy, accept_sampling
+from .backend import Backend
 from .kv_cache import KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
-from .tree import TreeGrower
+from .tree import TreeGrower, VerifyTree
 from .views import HostScratch, RowBuffers
 
 log = logging.getLogger(__name__)
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
@@ -85,40 +90,44 @@ class _Sampler:
 class Generator:
     """Owns every buffer of one decoding session (allocated here, once) and runs generations on them."""
 
-    def __init__(self, manifest: Manifest, backend, prefill_chunk: int = 256):
+    def __init__(self, manifest: Manifest, backend: Backend, prefill_chunk: int = 256):
+        if not isinstance(backend, Backend):
+            raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
         self.m = manifest
         self.backend = backend
-        dev = backend.device
-        dtype = TORCH_DTYPES[manifest.dtype]
+        dtype = torch_dtype(manifest.dtype)
         t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
         self.capacity = manifest.max_seq_len
         self.chunk = max(1, min(prefill_chunk, self.capacity))
         verify_rows = lim.max_total_tokens + 1
         t_rows = max(self.chunk, verify_rows)
         d_rows = max(self.chunk, lim.max_top_k, lim.max_depth + 2)
+        zeros = backend.zeros
         # Target cache: committed rows stay < capacity; a round's accepted path (up to verify_rows) may run past it.
-        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype, dev,
-                              new_rows=t_rows)
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype,
+                              backend.device, new_rows=t_rows, zeros=zeros)
         # Draft cache: committed context + every frontier row of one round's tree.
         self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_depth + 2,
-                              dtype, dev, new_rows=d_rows)
-        self.logits = torch.zeros(1, verify_rows, t.vocab_size, dtype=torch.float32, device=dev)
-        self.tfeats = torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev)
-        self.dvals = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.float32, device=dev)
-        self.dids = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.int64, device=dev)
-        self.dhidden = torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev)
-        self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)  # context passes
-        self.dhidden_in = torch.zeros(1, lim.max_top_k, d.hidden_size, dtype=dtype, device=dev)  # tree levels
-        # On the CPU the loop reads and fills these buffers through numpy views made here once (same memory, no
-        # torch call per access); from a GPU it copies to the host only the rows it reads (numpy has no bf16).
-        self._np = None
-        if torch.device(dev).type == "cpu" and dtype != torch.bfloat16:
-            self._np = {name: getattr(self, name).numpy()
-                        for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
-            self._np_dvals, self._np_dids = self._np["dvals"][0], self._np["dids"][0]
-        # A backend that binds by address (``binds_views``) gets BufferViews made by arithmetic: a verify binds
-        # 2 x layers cache views, and making each as a torch slice cost more than the bind. Others get tensors.
-        self._views = bool(getattr(backend, "binds_views", False))
+                              dtype, backend.device, new_rows=d_rows, zeros=zeros)
+        self.logits = zeros((1, verify_rows, t.vocab_size), torch.float32)
+        self.tfeats = zeros((1, t_rows, t.feature_dim), dtype)
+        self.dvals = zeros((1, d_rows, lim.max_top_k), torch.float32)
+        self.dids = zeros((1, d_rows, lim.max_top_k), torch.int64)
+        self.dhidden = zeros((1, d_rows, d.hidden_size), dtype)
+        self.dfeats_in = zeros((1, d_rows, d.feature_dim), dtype)  # context passes
+        self.dhidden_in = zeros((1, lim.max_top_k, d.hidden_size), dtype)  # tree levels
+        # In host memory the loop reads and fills these buffers through numpy views made here once (same memory, no
+        # torch call per access). Elsewhere it reads through backend.to_host and gathers rows with torch.
+        self._host_reads = backend.host_memory
+        if self._host_reads:
+            self._np_logits, self._np_dvals, self._np_dids = (x.numpy()[0] for x in (self.logits, self.dvals,
+                                                                                     self.dids))
+        self._np_rows = None
+        if backend.host_memory and dtype != torch.bfloat16:  # numpy has no bfloat16
+            self._np_rows = {name: getattr(self, name).numpy()[0] for name in ("tfeats", "dhidden", "dfeats_in",
+                                                                                "dhidden_in")}
+        # Every buffer a graph binds is passed as BufferViews made by arithmetic: a verify binds 2 x layers cache
+        # views, and making each as a torch slice cost more than the bind.
         self._rows = {name: RowBuffers([getattr(self, name)])
                       for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
         self._warned_draft_limit = False
@@ -146,47 +155,37 @@ class Generator:
     # ---- host access to the buffers ----------------------------------------------------------
     def _topk(self, rows) -> tuple[np.ndarray, np.ndarray]:
         """The draft's top-k log-probs and ids at output row(s) ``rows`` (an int or a slice), as host arrays."""
-        if self._np is not None:
+        if self._host_reads:
             return self._np_dvals[rows], self._np_dids[rows]
-        return self.dvals[0, rows].cpu().numpy(), self.dids[0, rows].cpu().numpy()
+        return self.backend.to_host(self.dvals[0, rows]), self.backend.to_host(self.dids[0, rows])
 
     def _argmax(self, rows: int) -> np.ndarray:
         """The target's argmax over each of the first ``rows`` logits rows (the first maximum on ties)."""
-        if self._np is not None:
-            return self._np["logits"][0, :rows].argmax(-1)
-        return self.logits[0, :rows].argmax(-1).cpu().numpy()
+        if self._host_reads:
+            return self._np_logits[:rows].argmax(-1)
+        return self.backend.to_host(self.logits[0, :rows].argmax(-1))
 
     def _logits_row(self, i: int) -> np.ndarray:
-        return self._np["logits"][0, i] if self._np is not None else self.logits[0, i].cpu().numpy()
+        return self._np_logits[i] if self._host_reads else self.backend.to_host(self.logits[0, i])
 
     def _gather(self, dst: str, src: str, rows: np.ndarray) -> None:
         """Buffer ``dst`` rows [0, len(rows)) = buffer ``src`` rows ``rows`` (batch row 0)."""
-        if self._np is not None:
-            d, s = self._np[dst][0], self._np[src][0]
+        if self._np_rows is not None:
+            d, s = self._np_rows[dst], self._np_rows[src]
             if len(rows) == 1:  # a chain's parent: one row, no gather
                 d[0] = s[rows[0]]
             else:
                 d[:len(rows)] = s[rows]
         else:
             s = getattr(self, src)
-            getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
+            getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.tensor(rows, device=s.device)])  # rows may be read-only
 
     # ---- graph calls -------------------------------------------------------------------------
     # Callers fill the host inputs (``_ids.array``, ``_pos.array``, ``_lidx.array`` from row 0; the mask through
     # ``_mask.take``) and then call ``_run_target`` / ``_run_draft``, which bind them with the buffers' rows.
-    def _host(self, scratch: HostScratch, *shape: int):
-        return scratch.view(shape) if self._views else scratch.take(shape)  # scratch's memory, viewed as shape
-
     def _buf(self, name: str, count: int):
-        """Rows [0, count) of one of the output/scratch buffers, as the backend binds them."""
-        rb = self._rows[name]
-        return (rb.head(count) if self._views else rb.tensors(0, count))[0]
-
-    def _past(self, cache: KVCache, count: int) -> list:
-        return cache.views(0, count) if self._views else cache.rows(0, count)
-
-    def _present(self, cache: KVCache, count: int) -> list:
-        return cache.new_views(count) if self._views else cache.new_rows(count)
+        """Rows [0, count) of one of the output/scratch buffers, as a BufferView."""
+        return self._rows[name].head(count)[0]
 
     def _causal_mask(self, new: int, past: int) -> None:
         mask = self._mask.take((new, past + new))
@@ -199,10 +198,10 @@ class Generator:
         key = (n, r)
         io = self._io_memo.get(key)
         if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
-                   C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
+            ins = {C.INPUT_IDS: self._ids.view((1, n)), C.POSITION_IDS: self._pos.view((1, n)),
+                   C.LOGIT_INDICES: self._lidx.view((1, r))}
             outs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
-            outs.update(zip(self._target_names[1], self._present(self.tcache, n), strict=True))
+            outs.update(zip(self._target_names[1], self.tcache.new_views(n), strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))  # read-only: a backend may skip rechecking it
         return io
 
@@ -211,12 +210,12 @@ class Generator:
         key = (n, feat_rows, "draft")
         io = self._io_memo.get(key)
         if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
+            ins = {C.INPUT_IDS: self._ids.view((1, n)), C.POSITION_IDS: self._pos.view((1, n)),
                    C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
                    C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
             outs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
                     C.HIDDEN: self._buf("dhidden", n)}
-            outs.update(zip(self._draft_names[1], self._present(self.dcache, n), strict=True))
+            outs.update(zip(self._draft_names[1], self.dcache.new_views(n), strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
@@ -226,8 +225,8 @@ class Generator:
         the rows it keeps)."""
         fixed, outputs = self._target_io(n, r)
         inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
-        inputs.update(zip(self._target_names[0], self._past(self.tcache, past), strict=True))
+        inputs[C.ATTENTION_MASK] = self._mask.view((1, n, past + n))
+        inputs.update(zip(self._target_names[0], self.tcache.views(0, past), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
     def _run_draft(self, n: int, feat_rows: int, past: int) -> None:
@@ -235,8 +234,8 @@ class Generator:
         from target features (``dfeats_in``), the rest from fed-back hiddens (``dhidden_in``)."""
         fixed, outputs = self._draft_io(n, feat_rows)
         inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
-        inputs.update(zip(self._draft_names[0], self._past(self.dcache, past), strict=True))
+        inputs[C.ATTENTION_MASK] = self._mask.view((1, n, past + n))
+        inputs.update(zip(self._draft_names[0], self.dcache.views(0, past), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self.dcache.write(past, n)
         self.stats.draft_forwards += 1
@@ -250,6 +249,91 @@ class Generator:
                 log.warning("the draft head ran at position %d, past its max_position_embeddings %d: output stays "
                             "lossless, but acceptance may drop (the head was not trained there)", last, limit)
 
+    # ---- the algorithm's steps ---------------------------------------------------------------
+    def _prefill(self, prompt: np.ndarray, sampler: _Sampler | None, use_draft: bool) -> int:
+        """The prompt through the target in chunks (each followed by its draft context when drafting); returns
+        the first generated token (the root of the first tree)."""
+        n = len(prompt)
+        root = -1
+        for s in range(0, n, self.chunk):
+            e = min(n, s + self.chunk)
+            c = e - s
+            last = e == n
+            self._ids.array[:c] = prompt[s:e]
+            self._pos.array[:c] = self._arange_rows[:c] + s
+            self._causal_mask(c, s)
+            self._lidx.array[0] = c - 1
+            self._run_target(c, 1, s)
+            self.tcache.write(s, c)
+            if last:
+                root = self._next_token(sampler)
+            if use_draft:
+                nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
+                self._draft_context(nxt.astype(np.int64), np.arange(c), s)
+        return root
+
+    def _plain_step(self, token: int, L: int, sampler: _Sampler | None) -> int:
+        """No draft: ``token`` through the target at position L (after L committed rows); returns the next."""
+        self._ids.array[0] = token
+        self._pos.array[0] = L
+        self._lidx.array[0] = 0
+        self._mask.take((L + 1,))[:] = True
+        self._run_target(1, 1, L)
+        self.tcache.write(L, 1)
+        return self._next_token(sampler)
+
+    def _grow_tree(self, tree: TreeParams, L: int, root: int) -> VerifyTree:
+        """Draft ``tree.depth`` levels of ``top_k`` nodes after the last context pass, then select the verify
+        tree of ``total_tokens`` nodes under ``root``. The draft cache holds L committed rows."""
+        grower = self._growers.get(tree)
+        if grower is None:  # kept across generations: its buffers and verify-tree shapes are reused
+            grower = self._growers[tree] = TreeGrower(tree)
+        grower.reset()
+        k = tree.top_k
+        ctx = self._last_row  # the context pass's last row predicts the root's children
+        frontier = grower.add_root_children(*self._topk(ctx))
+        for level in range(1, tree.depth + 1):
+            past = L + frontier.fed
+            self._gather("dhidden_in", "dhidden", frontier.parent_rows + ctx if level == 1 else frontier.parent_rows)
+            mask = self._mask.take((k, past + k))
+            mask[:, :L] = True
+            mask[:, L:] = frontier.tree_mask
+            self._ids.array[:k] = frontier.tokens
+            self._pos.array[:k] = L + level - 1
+            self._run_draft(k, 0, past)
+            frontier = grower.add_children(*self._topk(slice(0, k)))
+        return grower.select(tree.total_tokens, root)
+
+    def _verify(self, vt: VerifyTree, L: int) -> None:
+        """The whole tree through the target in one forward after L committed rows; logits for every node."""
+        T = vt.num_nodes
+        mask = self._mask.take((T, L + T))
+        mask[:, :L] = True
+        mask[:, L:] = vt.mask
+        self._ids.array[:T] = vt.tokens
+        np.add(vt.depths, L, out=self._pos.array[:T])
+        self._lidx.array[:T] = self._arange[:T]
+        self._run_target(T, T, L)
+
+    def _accept_and_commit(self, vt: VerifyTree, L: int, sampler: _Sampler | None) -> tuple[Accepted, list[int]]:
+        """The accepted path (greedy or by recursive rejection) and its K/V into the target cache at rows L..;
+        returns it and the tokens it commits (accepted tokens, then the bonus token)."""
+        acc = self._accept(vt, sampler)
+        self.tcache.write_rows(L, acc.indices)  # the accepted path's K/V, root first
+        return acc, [int(x) for x in acc.tokens] + [int(acc.bonus)]
+
+    def _next_token(self, sampler: _Sampler | None) -> int:
+        """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
+        if sampler is None:
+            return int(self._argmax(1)[0])
+        return sample_token(process_logits(self._logits_row(0), sampler.params), sampler.rng)
+
+    def _accept(self, vt, sampler: _Sampler | None):
+        T = vt.num_nodes
+        if sampler is None:
+            return accept_greedy(vt, self._argmax(T))
+        return accept_sampling(vt, LazyProbs(self._logits_row, T, sampler.params), sampler.rng)
+
     def _draft_context(self, tokens: np.ndarray, feature_rows: np.ndarray, start: int) -> None:
         """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..).
 
@@ -262,7 +346,7 @@ class Generator:
         self._causal_mask(n, start)
         self._run_draft(n, n, start)
 
-    # ---- the loop ----------------------------------------------------------------------------
+    # ---- a generation ------------------------------------------------------------------------
     def check_prompt(self, prompt_ids) -> np.ndarray:
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
@@ -295,9 +379,7 @@ class Generator:
         tree = tree or self.m.tree_defaults
         if use_draft:
             tree.validate(self.m.tree_limits)
-            check = getattr(self.backend, "check_tree", None)  # engines may be built for smaller trees
-            if check is not None:
-                check(tree)
+            self.backend.check_tree(tree)  # engines may be built for smaller trees
         sampler = None
         if sampling is not None:
             if not isinstance(sampling, SamplingParams):
@@ -306,18 +388,6 @@ class Generator:
                 sampler = _Sampler(sampling, rng if rng is not None else sampling.make_rng())
         ids = self.check_prompt(prompt_ids)
         return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampler, on_round)
-
-    def _next_token(self, sampler: _Sampler | None) -> int:
-        """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
-        if sampler is None:
-            return int(self._argmax(1)[0])
-        return sample_token(process_logits(self._logits_row(0), sampler.params), sampler.rng)
-
-    def _accept(self, vt, sampler: _Sampler | None):
-        T = vt.num_nodes
-        if sampler is None:
-            return accept_greedy(vt, self._argmax(T))
-        return accept_sampling(vt, LazyProbs(self._logits_row, T, sampler.params), sampler.rng)
 
     def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
               sampler: _Sampler | None, on_round=None):
@@ -343,26 +413,10 @@ class Generator:
             out.extend(new)
             return new, reason
 
-        # Prefill in chunks; the draft context for each chunk follows as soon as its next tokens are known.
         t0 = time.perf_counter()
-        root = -1
-        for s in range(0, n, self.chunk):
-            e = min(n, s + self.chunk)
-            c = e - s
-            last = e == n
-            self._ids.array[:c] = prompt[s:e]
-            self._pos.array[:c] = self._arange_rows[:c] + s
-            self._causal_mask(c, s)
-            self._lidx.array[0] = c - 1
-            self._run_target(c, 1, s)
-            self.tcache.write(s, c)
-            if last:
-                root = self._next_token(sampler)
-            if use_draft:
-                nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
-                self._draft_context(nxt.astype(np.int64), np.arange(c), s)
+        root = self._prefill(prompt, sampler, use_draft)
         stats.prefill_s = time.perf_counter() - t0
-        L = n  # committed target cache rows
+        L = n  # committed target cache rows (the draft cache holds as many)
         new, reason = emit([root])
         yield new
         t1 = time.perf_counter()
@@ -370,63 +424,23 @@ class Generator:
             if reason is not None:
                 return GenerationResult(out, reason, stats, n)
             if not use_draft:
-                self._lidx.array[0] = 0
                 while True:
-                    self._ids.array[0] = root
-                    self._pos.array[0] = L
-                    self._mask.take((L + 1,))[:] = True
-                    self._run_target(1, 1, L)
-                    self.tcache.write(L, 1)
+                    root = self._plain_step(root, L, sampler)
+                    L += 1
                     stats.rounds += 1
                     stats.accept_lengths.append(0)
-                    L += 1
-                    root = self._next_token(sampler)
                     new, reason = emit([root])
                     yield new
                     if reason is not None:
                         return GenerationResult(out, reason, stats, n)
-
-            grower = self._growers.get(tree)
-            if grower is None:  # kept across generations: its buffers and verify-tree shapes are reused
-                grower = self._growers[tree] = TreeGrower(tree)
-            k = tree.top_k
-            top = slice(0, k)
             while True:
-                # Grow the tree. The last context row's top-k are the root's children.
-                grower.reset()
-                ctx = self._last_row  # the context pass's last row predicts the root's children
-                frontier = grower.add_root_children(*self._topk(ctx))
-                Ld = L  # draft committed rows equal target committed rows
-                for level in range(1, tree.depth + 1):
-                    fed = frontier.fed
-                    past = Ld + fed
-                    self._gather("dhidden_in", "dhidden", frontier.parent_rows + ctx if level == 1
-                                 else frontier.parent_rows)
-                    mask = self._mask.take((k, past + k))
-                    mask[:, :Ld] = True
-                    mask[:, Ld:] = frontier.tree_mask
-                    self._ids.array[:k] = frontier.tokens
-                    self._pos.array[:k] = Ld + level - 1
-                    self._run_draft(k, 0, past)
-                    frontier = grower.add_children(*self._topk(top))
-                vt = grower.select(tree.total_tokens, root)
-                T = vt.num_nodes
-                # Verify the whole tree in one target forward.
-                mask = self._mask.take((T, L + T))
-                mask[:, :L] = True
-                mask[:, L:] = vt.mask
-                self._ids.array[:T] = vt.tokens
-                np.add(vt.depths, L, out=self._pos.array[:T])
-                self._lidx.array[:T] = self._arange[:T]
-                self._run_target(T, T, L)
+                vt = self._grow_tree(tree, L, root)
+                self._verify(vt, L)
+                acc, tokens = self._accept_and_commit(vt, L, sampler)
                 stats.rounds += 1
-                acc = self._accept(vt, sampler)
                 stats.accept_lengths.append(int(acc.num_accepted))
                 if on_round is not None:
                     on_round(vt, acc)
-                m = len(acc.indices)
-                self.tcache.write_rows(L, acc.indices)  # the accepted path's K/V, root first
-                tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
                 new, reason = emit(tokens)
                 if new:
                     yield new
@@ -434,7 +448,7 @@ class Generator:
                     return GenerationResult(out, reason, stats, n)
                 # Draft context for the committed rows: (feature of root/accepted node, next token).
                 self._draft_context(np.asarray(tokens, dtype=np.int64), acc.indices, L)
-                L += m
+                L += len(acc.indices)
                 root = tokens[-1]
         finally:
             stats.decode_s = time.perf_counter() - t1

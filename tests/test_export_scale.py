@@ -48,6 +48,10 @@ def test_published_layout_checkpoints_export_lean(tmp_path, monkeypatch):
     # Nothing is stored twice except the draft graph's copy of the target's embedding (docs/scale.md).
     embedding = S.VOCAB * TINY["hidden_size"] * 2
     assert rep.weights_bytes + embedding <= rep.artifact_bytes < rep.weights_bytes + embedding + (1 << 20)
+    # The open-and-time step runs on it (figures printed by the tool, not asserted here).
+    opened = S.child_open(str(rep.path), reps=1)
+    assert set(opened["costs"]) == {"step", "verify_tree", "draft", *(f"verify{n}" for n in S.VERIFY_SIZES)}
+    assert opened["open_s"] > 0 and opened["open_rss"] > 0
 
 
 @pytest.mark.parametrize("key", sorted(S.SHAPES))

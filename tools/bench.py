@@ -23,7 +23,6 @@ What is measured (see docs/bench.md):
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
+from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
+from eagle_export.runtime.backend import Backend
 from eagle_export.tree_params import TreeParams
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
@@ -41,55 +42,10 @@ ID_PROMPT_RULES = [(7, 3, 12), (5, 4, 20), (11, 1, 8), (3, 2, 16)]  # ids (a * i
 
 
 class BenchError(EagleExportError):
-    """A bad bench request: a malformed prompts file, a text prompt without a tokenizer, --plot without matplotlib."""
+    """A bad bench request: bad settings, --plot without matplotlib (prompt files: eagle_export.prompts)."""
 
 
 # ---- prompts -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    source: str  # "builtin 1" or "FILE:LINE", used in error messages
-    text: str | None = None
-    ids: tuple[int, ...] | None = None
-
-
-def read_prompts(path: str | Path) -> list[PromptSpec]:
-    """JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}; blank lines are skipped."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BenchError(f"cannot read the prompts file {path}: {e}") from None
-    specs = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        want = 'each line must be a JSON object {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}'
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{where}: not valid JSON ({e.msg}): {want}") from None
-        if not isinstance(obj, dict) or len(obj.keys() & {"prompt", "prompt_ids"}) != 1:
-            raise BenchError(f"{where}: {want}")
-        extra = sorted(set(obj) - {"prompt", "prompt_ids"})
-        if extra:
-            raise BenchError(f"{where}: unknown key(s) {', '.join(extra)}: {want}")
-        if "prompt" in obj:
-            text = obj["prompt"]
-            if not isinstance(text, str) or not text:
-                raise BenchError(f"{where}: \"prompt\" must be a non-empty string")
-            specs.append(PromptSpec(where, text=text))
-        else:
-            ids = obj["prompt_ids"]
-            if (not isinstance(ids, list) or not ids
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids)):
-                raise BenchError(f"{where}: \"prompt_ids\" must be a non-empty list of integers")
-            specs.append(PromptSpec(where, ids=tuple(ids)))
-    if not specs:
-        raise BenchError(f"{path}: no prompts (the file has no non-blank lines)")
-    return specs
 
 
 def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
@@ -99,55 +55,56 @@ def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
             for i, (a, b, n) in enumerate(ID_PROMPT_RULES)]
 
 
-def _prompt_ids(rt, spec: PromptSpec) -> list[int]:
-    if spec.text is not None:
-        if rt.tokenizer is None:
-            raise BenchError(f"{spec.source}: a text prompt needs the artifact's tokenizer, and {rt.directory} has "
-                             'none: give token ids instead ({"prompt_ids": [1, 2, 3]})')
-        return rt.encode(spec.text)
-    vocab = rt.manifest.target.vocab_size
-    bad = [x for x in spec.ids if not 0 <= x < vocab]
-    if bad:
-        raise BenchError(f"{spec.source}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
-    return list(spec.ids)
-
-
 # ---- timing proxy ------------------------------------------------------------------------------
 
 
 class TimingBackend:
-    """Wraps a backend: forwards ``run`` and times it per graph name; any other attribute passes through.
+    """Wraps a backend (``runtime.backend.Backend``, which it implements too): forwards every member and times
+    ``run`` per graph name.
 
     A backend that reports ``last_exec_s`` (ONNX Runtime: the time inside the session's run, binding excluded) is
-    timed by that, so binding the call's buffers counts as host work; otherwise the time around ``run`` is the
-    graph's. A backend with a ``stream`` (TensorRT) is synchronized after each call so the call's device work is
-    inside its time.
+    timed by that, so binding the call's buffers counts as host work. One that reports None (TensorRT: work queued
+    on a stream) is synchronized after each call and timed around ``run`` + ``synchronize``, so the call's device
+    work is inside its time.
     """
 
-    def __init__(self, inner):
+    def __init__(self, inner: Backend):
         self._inner = inner
         self.name = inner.name
         self.device = inner.device
-        stream = getattr(inner, "stream", None)
-        self._sync = getattr(stream, "synchronize", None) if stream is not None else None
+        self.host_memory = inner.host_memory
+        self.max_prefill = inner.max_prefill
+        self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
+        inner = self._inner
         t0 = time.perf_counter()
-        self._inner.run(graph, inputs, outputs)
-        if self._sync is not None:
-            self._sync()
-        spent = time.perf_counter() - t0
-        self.seconds[graph] += getattr(self._inner, "last_exec_s", spent)
+        inner.run(graph, inputs, outputs)
+        exec_s = inner.last_exec_s
+        if exec_s is None:
+            inner.synchronize()
+            exec_s = time.perf_counter() - t0
+        self.last_exec_s = exec_s
+        self.seconds[graph] += exec_s
         self.calls[graph] += 1
+
+    def zeros(self, shape: tuple[int, ...], dtype):
+        return self._inner.zeros(shape, dtype)
+
+    def check_tree(self, tree: TreeParams) -> None:
+        self._inner.check_tree(tree)
+
+    def to_host(self, x):
+        return self._inner.to_host(x)
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
-
-    def __getattr__(self, name):  # optional hooks (check_tree, max_prefill, ...) of the wrapped backend
-        return getattr(self._inner, name)
 
 
 class _Installed:
@@ -339,7 +296,7 @@ class PairedSession:
             if specs is None:
                 specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
             self.specs: list[PromptSpec] = specs
-            self.prompt_ids = [_prompt_ids(self.rt, s) for s in specs]
+            self.prompt_ids = [prompt_ids(self.rt, s) for s in specs]
             self._installed = _Installed(self.rt)
             self.proxy = self._installed.__enter__()
         except BaseException:
@@ -358,11 +315,9 @@ class PairedSession:
         return self.rt.manifest
 
     def check_tree(self, tree: TreeParams) -> TreeParams:
-        """The tree against the artifact's limits and, where the backend has one (TensorRT), its engines' check."""
+        """The tree against the artifact's limits and the backend's own check (TensorRT: its engines' sizes)."""
         tree.validate(self.rt.manifest.tree_limits)
-        check = getattr(self.rt.backend, "check_tree", None)
-        if check is not None:
-            check(tree)
+        self.rt.backend.check_tree(tree)
         return tree
 
     def warm_up(self, tree: TreeParams, max_new_tokens: int) -> None:

@@ -294,7 +294,7 @@ def _host_per_round(rt) -> float:
     from eagle_export.tools.bench import _generate, _Installed
 
     with _Installed(rt) as proxy:
-        ids = list(range(1000, 1032))
+        ids = [(1000 + i) % rt.manifest.target.vocab_size for i in range(32)]
         run = _generate(rt, proxy, ids, 8, rt.manifest.tree_defaults, True)
     return (run.decode_s - run.draft_s - run.target_s) / max(run.rounds, 1)
 
