@@ -88,6 +88,7 @@ def test_lean_export_equals_in_memory_export(tmp_path, preset, eagle3, dtype):
     runs = []
     for art in (ref.path, lean.path):
         rt = EagleRuntime.open(art)
+        assert rt.open_s is not None and rt.open_s > 0  # open reports its load time
         runs.append([rt.generate(prompt_ids=[3, 5, 7, 9], max_new_tokens=24, stop_on_eos=False,
                                  use_draft=use).tokens for use in (True, False)])
     assert runs[0] == runs[1]
