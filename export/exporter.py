@@ -44,7 +44,7 @@ OPSET = 17
 DEFAULT_MAX_SEQ_LEN = 2048
 # Targets whose weight files reach this size take the lean path (export/weights.py: traced on the meta device,
 # the checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with
-# their weights, which lets torch's constant folding run; both paths give the same graphs' values.
+# their weights, as before; both paths give the same graphs' values (tests/test_export_lean.py).
 LEAN_THRESHOLD_BYTES = 256 << 20
 
 
@@ -117,7 +117,7 @@ def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path:
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=OPSET,
             input_names=names, output_names=spec.output_names,
-            dynamic_axes=axes, do_constant_folding=lean is None,
+            dynamic_axes=axes, do_constant_folding=True,
         )
     model = onnx.load(str(path))
     _pin_io_shapes(model, spec)

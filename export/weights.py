@@ -1,4 +1,4 @@
-"""Lean export of large models: trace with weightless placeholders, then stream the checkpoint into the graph.
+"""Lean export of large models: trace on the meta device without weights, then stream the checkpoint into the graph.
 
 A real-size target does not fit in memory several times over (the loaded model, the exporter's copy, the
 ONNX proto, the saved proto). Here the target is built on the meta device (shapes, no data) and traced there
@@ -160,6 +160,12 @@ class WeightsAsInputs(torch.nn.Module):
                         self.tensors.append(t)
                         self.slots.append([])
                     self.slots[seen[id(t)]].append((d, key))
+
+    def named_modules(self, *args, **kwargs):
+        """The wrapped module's, under their own names: torch.onnx names each traced node by the scope of the module
+        that made it from this list, so the nodes are named as in the in-memory path (``/layers.1/mlp/...``), which
+        is how `validate` finds a graph's layers."""
+        return self.inner.named_modules(*args, **kwargs)
 
     def meta_weights(self) -> list[torch.Tensor]:
         return [torch.empty_like(t, device="meta") for t in self.tensors]
