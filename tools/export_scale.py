@@ -328,10 +328,16 @@ class Row:
     open: dict | None  # None: not opened (--no-open)
 
     def bound(self, tau: float) -> float:
+        """The default tree: verify total_tokens + 1, depth draft steps."""
         c = self.open["costs"]
         tree = self.open["tree"]
         round_s = c["verify_tree"] + tree["depth"] * c["draft"] + self.open["host_s"]
         return tau * c["step"] / round_s
+
+    def chain_bound(self, tau: float) -> float:
+        """A depth-3 chain (top_k 1): verify 4 tokens, 3 draft steps (timed at top_k rows: an upper bound)."""
+        c = self.open["costs"]
+        return tau * c["step"] / (c["verify4"] + 3 * c["draft"] + self.open["host_s"])
 
 
 def _gb(x: float) -> str:
@@ -341,7 +347,7 @@ def _gb(x: float) -> str:
 def format_table(rows: list[Row]) -> str:
     out = ["| model | params | weights GiB | export s | export peak GiB (x weights) | artifact GiB (x weights) | "
            "open s | open RSS GiB (x weights) | step ms | verify 4/8/16/32 ms | draft ms | host ms | "
-           "bound tau 3/4/5 |", "|" + "---|" * 13]
+           "bound, default tree, tau 3/4/5 | bound, 3-chain, tau 2/3/4 |", "|" + "---|" * 14]
     for r in rows:
         e = r.export
         w = e["weights"]
@@ -350,13 +356,14 @@ def format_table(rows: list[Row]) -> str:
         cells = [f"{label} + EAGLE-3", f"{r.params / 1e9:.2f} B", _gb(w), f"{e['wall_s']:.0f}",
                  f"{_gb(e['peak_rss'])} ({e['peak_rss'] / w:.2f}x)", f"{_gb(e['artifact'])} ({e['artifact'] / w:.2f}x)"]
         if r.open is None:
-            cells += ["not opened"] + [""] * 6
+            cells += ["not opened"] + [""] * 7
         else:
             o, c = r.open, r.open["costs"]
             cells += [f"{o['open_s']:.1f}", f"{_gb(o['open_rss'])} ({o['open_rss'] / w:.2f}x)",
                       f"{c['step'] * 1e3:.0f}", "/".join(f"{c[f'verify{n}'] * 1e3:.0f}" for n in VERIFY_SIZES),
                       f"{c['draft'] * 1e3:.0f}", f"{o['host_s'] * 1e3:.0f}",
-                      "/".join(f"{r.bound(t):.2f}" for t in (3, 4, 5))]
+                      "/".join(f"{r.bound(t):.2f}" for t in (3, 4, 5)),
+                      "/".join(f"{r.chain_bound(t):.2f}" for t in (2, 3, 4))]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
