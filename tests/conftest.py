@@ -85,24 +85,29 @@ class EngineFactory:
         self._cache: dict[tuple, Path] = {}
         self.build_seconds: dict[tuple, float] = {}
 
-    def sources(self, dtype: str = "fp32") -> tuple[Path, Path, Path]:
-        """(target, draft, artifact without engines)."""
+    def sources(self, dtype: str = "fp32", eagle3: bool = False) -> tuple[Path, Path, Path]:
+        """(target, draft, artifact without engines). eagle3: an EAGLE-3 head on a 3-layer GQA target (the
+        reference's feature layers need 3)."""
+        if eagle3:
+            return self.models(dtype=dtype, **{**ENGINE_MODEL, "preset": "gqa"}, eagle3=True, draft_vocab=32)
         return self.models(dtype=dtype, **ENGINE_MODEL)
 
-    def artifact(self, dtype: str = "fp32") -> Path:
-        return self.sources(dtype)[2]
+    def artifact(self, dtype: str = "fp32", eagle3: bool = False) -> Path:
+        return self.sources(dtype, eagle3)[2]
 
-    def __call__(self, dtype: str = "fp32") -> Path:
+    def __call__(self, dtype: str = "fp32", max_prefill: int | None = None, eagle3: bool = False) -> Path:
         import shutil
         import time
 
         from eagle_export.engines.builder import BuildOptions, build_engines
 
-        key = (dtype,)
+        key = (dtype,) if max_prefill is None and not eagle3 else (dtype, max_prefill, eagle3)
         if key not in self._cache:
-            art = shutil.copytree(self.artifact(dtype), self.root / f"engines_{dtype}")
+            name = "_".join(["engines", dtype, *([f"p{max_prefill}"] if max_prefill else []),
+                             *(["e3"] if eagle3 else [])])
+            art = shutil.copytree(self.artifact(dtype, eagle3), self.root / name)
             t0 = time.perf_counter()
-            build_engines(art, BuildOptions(engine_lib="tensorrt-rtx"), progress=False)
+            build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=max_prefill), progress=False)
             self.build_seconds[key] = time.perf_counter() - t0
             self._cache[key] = art
         return self._cache[key]
