@@ -21,7 +21,7 @@ from eagle_export.errors import EngineError
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.backend import Backend
 from eagle_export.runtime.sampling import SamplingParams
-from eagle_export.runtime.trt_backend import GraphBindings, TrtBackend
+from eagle_export.runtime.trt_backend import TrtBackend
 from eagle_export.tools.trt_emulator import RuleViolation, TrtEmulator, emulated_runtime
 from eagle_export.tree_params import TreeParams
 
@@ -134,19 +134,36 @@ def test_a_call_outside_its_profile_fails_with_the_profile_rule(engines, monkeyp
     assert "outside profile 0 (prefill): logit_rows=13 not in [1, 1]" in msg
 
 
-def test_a_misaligned_address_fails_with_the_alignment_rule(engines, monkeypatch):
-    """Planted: the planner binds the logits 64 bytes into their buffer."""
-    bind = GraphBindings._bind_output
-
-    def shifted(self, name, d):
-        b = bind(self, name, d)
-        return b.__class__(b.name, b.shape, b.address + 64) if name == C.LOGITS else b
-
-    monkeypatch.setattr(GraphBindings, "_bind_output", shifted)
+def test_an_unaligned_output_goes_through_scratch_and_a_planted_alignment_bug_breaks_the_rule(engines, monkeypatch):
+    """A prefill call by hand with the logits bound 64 bytes into their buffer. The backend writes them to its
+    scratch and copies them into place (the same values as an aligned call); planted: the planner believes 64
+    bytes suffice, binds the address directly, and the emulator refuses it with the alignment rule."""
     rt = emulated_runtime(engines("fp32"))
+    gen, be = rt.generator, rt.backend
+    layers = rt.manifest.target.num_layers
+
+    def call(shift: int) -> np.ndarray:
+        gen._ids.array[:3] = [3, 4, 5]
+        gen._pos.array[:3] = [0, 1, 2]
+        gen._causal_mask(3, 0)
+        gen._lidx.array[0] = 2
+        fixed, outs = gen._target_io(3, 1)
+        outs = dict(outs)
+        outs[C.LOGITS] = outs[C.LOGITS]._replace(address=outs[C.LOGITS].address + shift)
+        inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
+                  **dict(zip(C.past_names(layers), gen.tcache.views(0, 0), strict=True))}
+        be.run(C.TARGET_GRAPH, inputs, outs)
+        flat = be.to_host(gen.logits.view(-1))
+        return flat[shift // 4:shift // 4 + rt.manifest.target.vocab_size]
+
+    aligned = call(0)
+    np.testing.assert_array_equal(call(64), aligned)
+    for g in be.graphs.values():
+        monkeypatch.setattr(g.planner, "alignment", 64)
+        g.plans.clear()
     with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(alignment: tensor addresses are 256-byte "
                                             r"aligned\): target_verify: logits at 0x[0-9a-f]+ \(64 bytes past"):
-        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, stop_on_eos=False)
+        call(64)
 
 
 def test_reading_outputs_before_the_stream_syncs_fails_with_the_sync_rule(engines, monkeypatch):
@@ -168,3 +185,108 @@ def test_two_contexts_on_one_profile_fail_with_the_own_profile_rule(engines):
     ctx = be.graphs[C.TARGET_GRAPH].engine.create_execution_context()
     with pytest.raises(RuleViolation, match=r"own-profile.*profile 1 already belongs to another execution context"):
         ctx.set_optimization_profile_async(1, be.stream.cuda_stream)
+
+
+# ---- what the backend does for a real GPU (issue 16's defects), shown on the emulator -------------------------
+
+
+def test_engines_of_a_library_that_cannot_run_on_the_gpu_are_refused(engines):
+    """TensorRT-RTX engines on a Hopper GPU (compute capability 9.0): one clear line naming the fix."""
+    from eagle_export.tools.trt_emulator import emulated_backend
+
+    art = engines("fp32")
+    with pytest.raises(EngineError) as info:
+        emulated_backend(art, compute_capability=(9, 0))
+    msg = str(info.value)
+    assert "were built with tensorrt_rtx 1.7.1.116, which cannot run on this GPU (emulated GPU, compute capability " \
+           "9.0): tensorrt_rtx cannot run on compute capability 9.0" in msg
+    assert f"`eagle-export build {art} --engine-lib tensorrt`" in msg
+    emulated_backend(art, compute_capability=(12, 0))  # an RTX 50xx: fine
+
+
+def test_all_contexts_share_one_block_of_context_memory(engines):
+    rt = emulated_runtime(engines("fp32"))
+    contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
+    assert len(contexts) == 4
+    assert {c.device_memory for c in contexts} == {(rt.backend.context_memory.data_ptr(),
+                                                    rt.backend.context_memory.numel())}
+    assert all(c.strategy.name == "USER_MANAGED" for c in contexts)
+    rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)  # the checks hold in calls
+
+
+def test_a_repeated_call_shape_sets_only_what_changed(engines):
+    """Plans are cached per call shape and a context is given only the shapes and addresses that changed: the
+    same generation again sets no address and reads no output shape, and sets only the input shapes that moved
+    (the cache prefix grows every call)."""
+    rt = emulated_runtime(engines("fp32"))
+    contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
+
+    def counts():
+        return {k: sum(c.calls[k] for c in contexts) for k in contexts[0].calls}
+
+    prompt = prompts(rt.manifest.target.vocab_size, lengths=(20,))[0]
+    rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+    first = counts()
+    rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+    second = {k: v - first[k] for k, v in counts().items()}
+    calls = second["execute_async_v3"]
+    names = {g: len(rt.manifest.graphs[g].spec.input_names) for g in rt.manifest.graphs}
+    assert calls == first["execute_async_v3"] > 20
+    assert second["set_tensor_address"] == 0 and second["get_tensor_shape"] == 0
+    # Each call sets at most its past_* views (2 per layer) plus the mask and the row-count inputs.
+    assert second["set_input_shape"] < calls * max(names.values()) / 2
+    print(f"\nper call, a repeated generation: {second['set_input_shape'] / calls:.1f} set_input_shape, "
+          f"0 set_tensor_address, 0 get_tensor_shape (first generation: {first['set_tensor_address'] / calls:.1f} "
+          "set_tensor_address)")
+
+
+def test_the_staging_event_is_recorded_when_a_later_input_fails(engines):
+    """A call whose mask is outside every profile's range after the ids were staged: the staging copies are still
+    fenced by the event, so the next call waits for them before reusing the pinned buffers."""
+    rt = emulated_runtime(engines("fp32"))
+    gen, be = rt.generator, rt.backend
+    layers = rt.manifest.target.num_layers
+    g = be.graphs[C.TARGET_GRAPH]
+    ctx = g.contexts[0]
+    ctx.set_input_shape = lambda name, shape, real=ctx.set_input_shape: name != C.POSITION_IDS and real(name, shape)
+    fixed, outs = gen._target_io(3, 1)
+    inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
+              **dict(zip(C.past_names(layers), gen.tcache.views(0, 0), strict=True))}
+    assert not g.h2d_pending
+    with pytest.raises(EngineError, match="TensorRT refused shape"):
+        be.run(C.TARGET_GRAPH, inputs, outs)
+    assert g.h2d_pending and g.h2d_done.stream is be.stream
+
+
+def test_debug_sync_names_the_graph_and_profile_of_a_device_fault(engines):
+    art = engines("fp32")
+    faulty = lambda graph, profile, axes: graph == C.TARGET_GRAPH and profile == 1  # noqa: E731 - the verify
+    rt = emulated_runtime(art)
+    rt.backend.emulator.fault_on = faulty
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:  # later, naming nothing
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+    assert not isinstance(info.value, EngineError)
+    rt = emulated_runtime(art, debug_sync=True)
+    rt.backend.emulator.fault_on = faulty
+    with pytest.raises(EngineError, match=r"target_verify: the call failed on the device \(profile 1, verify; axes "
+                                          r".*\): CUDA error: an illegal memory access was encountered"):
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+
+
+def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path):
+    """Contexts are made from a runtime config (user-managed memory, no per-shape JIT specialisation by default),
+    with a runtime cache that is written by save_runtime_cache and read back by the next process."""
+    from eagle_export.tools.trt_emulator import emulated_backend
+
+    art = engines("fp32")
+    be = emulated_backend(art, runtime_cache_dir=tmp_path)
+    configs = [c.runtime_config for g in be.graphs.values() for c in g.contexts]
+    assert all(c is not None and c.dynamic_shapes_kernel_specialization_strategy.name == "NONE" for c in configs)
+    assert all(c.runtime_cache is not None and not c.runtime_cache.loaded for c in configs)
+    be.save_runtime_cache()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft_step.engine.runtime_cache",
+                                                         "target_verify.engine.runtime_cache"]
+    again = emulated_backend(art, runtime_cache_dir=tmp_path, rtx_shape_strategy="lazy")
+    configs = [c.runtime_config for g in again.graphs.values() for c in g.contexts]
+    assert all(c.runtime_cache.loaded and c.dynamic_shapes_kernel_specialization_strategy.name == "LAZY"
+               for c in configs)

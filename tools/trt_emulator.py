@@ -11,9 +11,9 @@ planning, binding, staging, profile choice and contexts) with its two seams swap
   the memory the backend bound. bf16 graphs are computed in fp32, converting at the bound memory.
 - ``mem``: ``EmulatedMemory`` in place of ``CudaMemory``: "device memory" is 256-byte aligned host memory
   allocated through it (and only that counts as device memory), streams and events are recorded, and a
-  graph's outputs reach their memory only at a synchronisation point (``caller.wait_stream(stream)``,
-  ``stream.synchronize()``). Until then they hold 0xFF bytes (NaN, -1) and any read through ``to_host`` or
-  any new call is a rule violation.
+  work queued on a stream (an engine call, a copy made through ``mem.copy``) runs in order at a
+  synchronisation point (``caller.wait_stream(stream)``, ``stream.synchronize()``). Until then a call's
+  outputs hold 0xFF bytes (NaN, -1), and a read through ``to_host`` or a new call is a rule violation.
 
 A broken rule raises ``RuleViolation`` (an ``AssertionError``: nothing in the product catches it) whose
 message starts with ``TensorRT rule broken (<rule>)``. Where real TensorRT reports an error by return
@@ -21,9 +21,10 @@ value (a shape outside the profile: ``set_input_shape`` returns False and logs),
 and logs the rule's message.
 
 What the emulator cannot show: kernel numerics (it computes with ONNX Runtime's CPU kernels, bf16 in fp32),
-timing, TensorRT-RTX's JIT compilation and runtime cache, real asynchrony between streams (work runs when
-it is enqueued), reads of unsynchronised outputs by torch device ops that do not go through ``to_host``
-(they are caught at the next call instead), and anything CUDA does about faults.
+timing, TensorRT-RTX's JIT compilation and runtime cache, concurrency between streams (queued work runs at the
+next synchronisation point, in order), torch ops of the caller that read unsynchronised outputs without going
+through ``to_host`` (caught at the next call instead) or that write inputs a queued call has not read yet, and
+what CUDA does on a fault (the emulator only raises at the next synchronisation).
 """
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ class EmulatedMemory:
     device = "cpu"
 
     def __init__(self, compute_capability: tuple[int, int] = (8, 9)):
-        self.compute_capability = compute_capability
+        self.compute_capability = tuple(compute_capability)
+        self.gpu_name = f"emulated GPU, compute capability {compute_capability[0]}.{compute_capability[1]}"
         self._starts: list[int] = []
         self._blocks: list[tuple[int, int, torch.Tensor]] = []  # (start, end, owner), sorted by start
         self._handles = itertools.count(0x1000)
         self.streams: dict[int, EmulatedStream] = {}
         self.default = self.stream()  # the caller's ("current") stream
+        self._on: EmulatedStream | None = None
 
     # allocation
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -135,7 +138,15 @@ class EmulatedMemory:
         return self.default
 
     def on(self, stream: EmulatedStream):
-        return _NullContext()
+        return _On(self, stream)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A device copy queued on the stream of the enclosing ``on`` (run at once outside one)."""
+        stream = self._on
+        if stream is None:
+            dst.copy_(src)
+        else:
+            stream.ops.append(_Op("a copy", lambda: dst.copy_(src)))
 
     def event(self) -> EmulatedEvent:
         return EmulatedEvent()
@@ -147,58 +158,74 @@ class EmulatedMemory:
 
     def check_no_unsynchronised(self, when: str) -> None:
         for s in self.streams.values():
-            if s.held:
-                graph, profile = s.held[0].graph, s.held[0].profile
-                raise RuleViolation("sync", f"{when} while the outputs of {graph} (profile {profile}) on stream "
-                                            f"{s.cuda_stream:#x} were not synchronised (no wait_stream / synchronize)")
+            if s.ops:
+                what = next((op.what for op in s.ops if op.what != "a copy"), s.ops[0].what)
+                raise RuleViolation("sync", f"{when} while the outputs of {what} on stream {s.cuda_stream:#x} were "
+                                            "not synchronised (no wait_stream / synchronize)")
 
 
-class _NullContext:
+class _On:
+    """``torch.cuda.stream(s)``: copies made through the memory inside it are queued on ``s``."""
+
+    def __init__(self, mem: EmulatedMemory, stream: EmulatedStream):
+        self.mem, self.stream = mem, stream
+
     def __enter__(self):
+        self.before, self.mem._on = self.mem._on, self.stream
         return self
 
     def __exit__(self, *exc):
+        self.mem._on = self.before
         return False
 
 
 @dataclass
-class _Held:
-    """A call's outputs, computed, waiting for a synchronisation point to reach their memory."""
+class _Op:
+    """Work queued on a stream: it runs when the stream is synchronised or waited on (in queue order)."""
 
-    graph: str
-    profile: int
-    writes: list[tuple[int, bytes]]
+    what: str  # for messages: "target_verify (profile 1)", "a copy"
+    run: object  # callable
 
 
 class EmulatedStream:
-    """A CUDA stream as TensorRT and the backend see it: a handle, and the outputs held until a sync."""
+    """A CUDA stream as TensorRT and the backend see it: a handle, and a queue of work run at synchronisation."""
 
     def __init__(self, mem: EmulatedMemory, handle: int):
         self.mem = mem
         self.cuda_stream = handle
-        self.held: list[_Held] = []
+        self.ops: list[_Op] = []
+        self.fault: str | None = None  # a device fault: raised at the next synchronisation, as CUDA does
 
     def _flush(self) -> None:
-        for h in self.held:
-            for address, data in h.writes:
-                ctypes.memmove(address, data, len(data))
-        self.held.clear()
+        ops, self.ops = self.ops, []
+        for op in ops:
+            op.run()
 
     def synchronize(self) -> None:
         self._flush()
+        if self.fault is not None:
+            raise RuntimeError(self.fault)
 
     def wait_stream(self, other: EmulatedStream) -> None:
-        """Work queued on this stream from now on runs after ``other``'s: its held outputs are delivered."""
+        """Work queued on this stream from now on runs after ``other``'s: its queue runs now (and a fault there
+        surfaces here, at the next synchronisation)."""
         if other is not self:
             other._flush()
+            self.fault = self.fault or other.fault
 
 
 class EmulatedEvent:
+    """A CUDA event: synchronising on it runs the work queued on its stream (up to now: a superset of what was
+    queued when it was recorded, which only orders things earlier than CUDA would)."""
+
+    stream: EmulatedStream | None = None
+
     def record(self, stream: EmulatedStream | None = None) -> None:
         self.stream = stream
 
     def synchronize(self) -> None:
-        pass
+        if self.stream is not None:
+            self.stream._flush()
 
 
 def _bytes(address: int, nbytes: int) -> torch.Tensor:
@@ -220,6 +247,54 @@ class ExecutionContextAllocationStrategy(enum.Enum):
     STATIC = 0
     ON_PROFILE_CHANGE = 1
     USER_MANAGED = 2
+
+
+class DynamicShapesKernelSpecializationStrategy(enum.Enum):
+    LAZY = 0
+    EAGER = 1
+    NONE = 2
+
+
+class _RuntimeCache:
+    """TensorRT-RTX's runtime cache: the emulator compiles nothing, so it holds a marker per engine."""
+
+    MAGIC = b"EMULATED-TENSORRT-RTX-RUNTIME-CACHE:"
+
+    def __init__(self, graph: str):
+        self.graph = graph
+        self.loaded = False
+
+    def serialize(self) -> bytes:
+        return self.MAGIC + self.graph.encode()
+
+    def deserialize(self, blob: bytes) -> bool:
+        self.loaded = bytes(blob) == self.serialize()
+        return self.loaded
+
+
+class _RuntimeConfig:
+    """``IRuntimeConfig`` (TensorRT-RTX): allocation strategy, shape specialisation, runtime cache."""
+
+    def __init__(self, engine: EmulatedEngine):
+        self.engine = engine
+        self.strategy = ExecutionContextAllocationStrategy.STATIC
+        self.dynamic_shapes_kernel_specialization_strategy = DynamicShapesKernelSpecializationStrategy.LAZY
+        self.runtime_cache: _RuntimeCache | None = None
+
+    def set_execution_context_allocation_strategy(self, strategy) -> None:
+        self.strategy = strategy
+
+    def get_execution_context_allocation_strategy(self):
+        return self.strategy
+
+    def create_runtime_cache(self) -> _RuntimeCache:
+        return _RuntimeCache(self.engine.graph)
+
+    def set_runtime_cache(self, cache: _RuntimeCache) -> None:
+        self.runtime_cache = cache
+
+    def get_runtime_cache(self) -> _RuntimeCache | None:
+        return self.runtime_cache
 
 
 class _Severity(enum.IntEnum):
@@ -244,6 +319,7 @@ class _Module:
         self._emulator = emulator
         self.TensorIOMode = TensorIOMode
         self.ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy
+        self.DynamicShapesKernelSpecializationStrategy = DynamicShapesKernelSpecializationStrategy
         self.ILogger = ILogger
 
     def Runtime(self, logger) -> _Runtime:  # noqa: N802 - TensorRT's name
@@ -297,8 +373,16 @@ class EmulatedEngine:
     def get_device_memory_size_for_profile_v2(self, index: int) -> int:
         return self.DEVICE_MEMORY
 
-    def create_execution_context(self, strategy=ExecutionContextAllocationStrategy.STATIC) -> EmulatedContext:
-        return EmulatedContext(self, strategy)
+    def create_runtime_config(self) -> _RuntimeConfig:
+        return _RuntimeConfig(self)
+
+    def create_execution_context(self, how=ExecutionContextAllocationStrategy.STATIC) -> EmulatedContext:
+        """``how``: an allocation strategy, or (TensorRT-RTX) an ``IRuntimeConfig``."""
+        if isinstance(how, _RuntimeConfig):
+            ctx = EmulatedContext(self, how.strategy)
+            ctx.runtime_config = how
+            return ctx
+        return EmulatedContext(self, how)
 
 
 class EmulatedContext:
@@ -311,6 +395,7 @@ class EmulatedContext:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
         self.device_memory: tuple[int, int] | None = None
+        self.runtime_config: _RuntimeConfig | None = None
         self.calls = {"set_input_shape": 0, "set_tensor_address": 0, "get_tensor_shape": 0, "execute_async_v3": 0}
 
     def _log(self, rule: str, detail: str) -> None:
@@ -442,19 +527,26 @@ class EmulatedContext:
                 lo, size = self.device_memory
                 if address < lo + size and lo < address + max(nbytes, 1):
                     raise RuleViolation("context-memory", f"{graph}: {name} overlaps the context's memory")
-        feeds = {t.name: _read(*spans[t.name]) for t in eng.spec.inputs}
-        results = eng.session.run([t.name for t in eng.spec.outputs], feeds)
-        writes = []
-        for t, value in zip(eng.spec.outputs, results, strict=True):
-            address, nbytes, shape, dtype = spans[t.name]
-            if tuple(value.shape) != shape:
-                raise RuleViolation("profile", f"{graph}: {t.name} computed as {list(value.shape)}, bound as "
-                                               f"{list(shape)}")
-            data = _encode(value, dtype)
-            writes.append((address, data))
-            ctypes.memset(address, 0xFF, nbytes) if nbytes else None  # unreadable until the stream syncs
-        stream.held.append(_Held(graph, self.profile, writes))
-        emu.executions.append((graph, self.profile, axes))
+        for address, nbytes, _, _ in (spans[t.name] for t in eng.spec.outputs):
+            if nbytes:
+                ctypes.memset(address, 0xFF, nbytes)  # undefined until the stream gets there
+        profile = self.profile
+
+        def execute() -> None:
+            feeds = {t.name: _read(*spans[t.name]) for t in eng.spec.inputs}
+            results = eng.session.run([t.name for t in eng.spec.outputs], feeds)
+            for t, value in zip(eng.spec.outputs, results, strict=True):
+                address, nbytes, shape, dtype = spans[t.name]
+                if tuple(value.shape) != shape:
+                    raise RuleViolation("profile", f"{graph}: {t.name} computed as {list(value.shape)}, bound as "
+                                                   f"{list(shape)}")
+                data = _encode(value, dtype)
+                ctypes.memmove(address, data, len(data))
+
+        stream.ops.append(_Op(f"{graph} (profile {profile})", execute))
+        emu.executions.append((graph, profile, axes))
+        if emu.fault_on is not None and emu.fault_on(graph, profile, axes):
+            stream.fault = "CUDA error: an illegal memory access was encountered"  # surfaces at the next sync
         return True
 
 
@@ -527,6 +619,8 @@ class TrtEmulator:
                 self._by_digest[hashlib.sha256(path.read_bytes()).hexdigest()] = name
         self.lib = TrtLib(info.lib, _Module(self), info.lib_version)
         self.executions: list[tuple[str, int, dict]] = []
+        # Tests: a predicate (graph, profile, axes) -> bool on which a call faults on the "device".
+        self.fault_on = None
         self._sessions: dict[str, ort.InferenceSession] = {}
 
     def graph_of(self, data: bytes) -> str | None:
