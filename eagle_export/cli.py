@@ -43,6 +43,7 @@ def main() -> None:
               help="EAGLE head directory, EAGLE-1/2 (layers.0.*) or EAGLE-3 (midlayer.*): config.json + "
                    "model.safetensors or pytorch_model.bin.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
+# --dtype spells eagle_export.dtypes.EXPORT_DTYPES (not imported here: it imports torch, and the CLI starts light)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
 @click.option("--max-seq-len", type=int, default=2048, show_default=True,
@@ -207,9 +208,10 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
         click.echo(json.dumps(out))
     else:
         tokens = sum(len(r.tokens) for _, r in results)
-        rounds = sum(r.stats.rounds for _, r in results)
-        committed = sum(sum(r.stats.accept_lengths) + r.stats.rounds for _, r in results)
-        click.echo(f"[{n} samples, {tokens} tokens, tau={committed / max(rounds, 1):.2f}]", err=True)
+        from eagle_export.runtime.generator import tau
+
+        overall = tau([a for _, r in results for a in r.stats.accept_lengths])
+        click.echo(f"[{n} samples, {tokens} tokens, tau={overall:.2f}]", err=True)
 
 
 @main.command("validate")

@@ -4,24 +4,29 @@ Implements ``runtime.backend.Backend``, as ``OrtBackend`` does; the generator (`
 buffer once through ``zeros`` and passes ``BufferView``s of them.
 
 Per graph: one deserialized engine and one execution context per optimisation profile (bound to its
-profile once, so picking a profile per call costs nothing). Per call:
+profile once, so picking a profile per call costs nothing); every context of both engines runs on one
+shared block of context memory. Per call:
 
-1. ``GraphBindings.plan`` (pure, unit-tested on CPU with fake addresses) reads the axis values off the
-   given shapes, checks them against the contract (dtypes, fixed dims, ``total_len = past_len +
-   new_tokens``, output shapes), picks the profile (``profiles.choose_profile``) and lists the
-   (tensor name, shape, address) bindings;
-2. small host inputs (ids, positions, mask, logit rows: numpy arrays) are copied into pinned host
-   buffers and then, asynchronously, into device staging buffers, all allocated once here;
-3. ``set_input_shape`` / ``set_tensor_address`` on the profile's context, ``execute_async_v3`` on the
-   backend's one stream, ordered after and before the caller's current torch stream with events (no
-   host synchronisation: the only host round trips are the small arrays the generator reads back).
+1. ``GraphBindings.plan`` (pure) reads the axis values off the given views, checks them against the
+   contract (dtypes, fixed dims, ``total_len = past_len + new_tokens``, output shapes), picks the profile
+   (``profiles.choose_profile``) and lists the (tensor name, shape, address) bindings; plans are cached per
+   call shape;
+2. small host inputs (ids, positions, mask, logit rows) are copied into pinned host buffers and then,
+   asynchronously, into device staging buffers, all allocated once here;
+3. the profile's context gets ``set_input_shape`` / ``set_tensor_address`` only for what changed since its
+   last call, then ``execute_async_v3`` on the backend's one stream, ordered after and before the caller's
+   current torch stream (no host synchronisation: the only host round trips are the small arrays the
+   generator reads back through ``to_host``).
 
-Addresses: TensorRT's API documentation asks for at least 256-byte aligned tensor addresses. The cache
-prefix views bound as ``past_*`` start at their buffer's base (aligned), but a ``present_*`` output
-bound to cache rows ``[past_len, past_len + T)`` is aligned only when ``past_len * row_bytes`` is a
-multiple of 256. Outputs whose rows are not a multiple of 256 bytes get a scratch buffer (allocated once,
-sized by the profiles); when the caller's address is unaligned, the engine writes there and the T new
-rows are copied into place on the same stream (a device copy of the new rows only, never the cache).
+Addresses: TensorRT's API documentation asks for at least 256-byte aligned tensor addresses. The
+generator's buffers are aligned (``zeros``) and it binds ``past_*`` at a buffer's row 0 and ``present_*``
+at row 0 of the new-rows scratch. For any other caller, outputs whose rows are not a multiple of 256 bytes
+have a scratch buffer (allocated once, sized by the profiles): an output at an unaligned address is written
+there and copied into place on the same stream.
+
+The hardware is behind one seam (``CudaMemory``: allocation, pinned memory, copies, streams, events, host
+reads) and the library behind another (``lib``); ``tools/trt_emulator.py`` swaps both to run this class on
+a CPU.
 """
 
 from __future__ import annotations

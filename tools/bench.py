@@ -34,6 +34,7 @@ from pathlib import Path
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.runtime.backend import Backend
+from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
@@ -394,7 +395,7 @@ class PairedSession:
             host = max(e.decode_s - e.draft_s - e.target_s, 0.0)
             rows.append(PromptRow(
                 spec.source, len(ids), len(e.tokens),
-                (sum(e.accept_lengths) + e.rounds) / e.rounds if e.rounds else 0.0, e.rounds,
+                tau(e.accept_lengths), e.rounds,
                 e.tok_s, n.tok_s, e.tok_s / max(n.tok_s, 1e-12), e.tokens == n.tokens,
                 e.decode_s, e.draft_s, e.target_s, host, e.accept_lengths))
             if log is not None:
@@ -405,8 +406,7 @@ class PairedSession:
 
 def tau_of(rows: list[PromptRow]) -> float:
     """Committed tokens per target forward (bonus included) over every EAGLE round of the rows."""
-    acc = [a for r in rows for a in r.accept_lengths]
-    return (sum(acc) + len(acc)) / len(acc) if acc else 0.0
+    return tau([a for r in rows for a in r.accept_lengths])
 
 
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
