@@ -324,6 +324,23 @@ def test_backends_implement_the_protocol(engines):
         Generator(load_manifest(art), SimpleNamespace(name="x", run=lambda *a: None))
 
 
+def test_no_getattr_on_a_backend_in_runtime():
+    """Every Backend member is required: nothing in runtime/ probes a backend for an optional one."""
+    import ast
+    from pathlib import Path
+
+    import eagle_export.runtime as R
+
+    probes = []
+    for path in Path(R.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") and node.args:
+                target = ast.unparse(node.args[0])
+                if "backend" in target or target in ("be", "inner"):
+                    probes.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not probes, probes
+
+
 def test_open_without_engines_is_a_clear_error(engines, tmp_path):
     art = shutil.copytree(engines.artifact("fp32"), tmp_path / "art")
     with pytest.raises(EngineError, match=f"{art} has no TensorRT engines: run `eagle-export build {art}` first"):
