@@ -8,18 +8,18 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import onnx
 import torch
-from tqdm.auto import tqdm
 
 from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
+from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
@@ -30,12 +30,14 @@ log = logging.getLogger(__name__)
 # bf16 graphs build and run on TensorRT; ONNX Runtime's CPU provider has no bf16 kernels (MatMul), so the
 # ort backend refuses them.
 OPSET = 17
+DEFAULT_MAX_SEQ_LEN = 2048
 
 
 @dataclass
 class ExportOptions:
     dtype: str = "fp32"
-    max_seq_len: int = 2048
+    # Cache capacity; None: min(DEFAULT_MAX_SEQ_LEN, the target's max_position_embeddings).
+    max_seq_len: int | None = None
     limits: TreeLimits = field(default_factory=TreeLimits)
     tree: TreeParams = field(default_factory=TreeParams)
     max_batch: int = 1
@@ -108,7 +110,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     if options.dtype not in EXPORT_DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
-    if options.max_seq_len < 2:
+    if options.max_seq_len is not None and options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if out_dir.exists():
         if not options.overwrite:
@@ -121,16 +123,19 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             )
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
-    steps = tqdm(total=5, desc="export", disable=not progress, unit="step")
+    steps = progress_bar(5, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
-    target = load_target(target_dir, dtype=torch.float32, progress=progress)
-    if options.max_seq_len > target.config.max_position_embeddings:
+    target = load_target(target_dir, dtype=torch.float32, progress=terminal_bars(progress))
+    seq = options.max_seq_len
+    if seq is None:
+        seq = min(DEFAULT_MAX_SEQ_LEN, target.config.max_position_embeddings)
+    if seq > target.config.max_position_embeddings:
         raise CheckpointError(
-            f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
+            f"--max-seq-len {seq} exceeds the target's max_position_embeddings "
             f"{target.config.max_position_embeddings}"
         )
-    check_sliding_window(target, options.max_seq_len)
+    check_sliding_window(target, seq)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
     steps.update()
@@ -153,13 +158,15 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         feature_dim=draft.feature_dim, vocab_size=draft.vocab_size, d2t_identity=draft.d2t_identity,
         max_position_embeddings=dcfg.max_position_embeddings, fc_bias=draft.fc_bias,
         own_embedding=draft.own_embedding, source=str(Path(draft_dir).resolve()),
+        format=draft.format, num_layers=draft.options.num_layers, options=asdict(draft.options),
+        feature_layers_source=draft.feature_layers_source,
     )
     tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                  vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
     dspec = C.draft_step_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name)
+                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name,
+                              num_layers=dinfo.num_layers)
     lim = options.limits
-    seq = options.max_seq_len
     verify_rows = lim.max_verify_tokens
     t_new = max(seq, verify_rows)
     d_new = max(seq, lim.max_top_k, lim.max_context_rows)
@@ -195,7 +202,8 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
             feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
             hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
-            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
+            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
+                     for _ in range(2 * dinfo.num_layers)]
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
                           tmp / f"{C.DRAFT_GRAPH}.onnx")
             steps.update()

@@ -113,8 +113,9 @@ class Generator:
         self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype,
                               backend.device, new_rows=t_rows, zeros=zeros)
         # Draft cache: committed context + every frontier row of one round's tree.
-        self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_context_rows,
-                              dtype, backend.device, new_rows=d_rows, zeros=zeros)
+        self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim,
+                              self.capacity + lim.max_draft_rows + lim.max_context_rows, dtype, backend.device,
+                              new_rows=d_rows, zeros=zeros)
         self.logits = zeros((1, verify_rows, t.vocab_size), torch.float32)
         self.tfeats = zeros((1, t_rows, t.feature_dim), dtype)
         self.dvals = zeros((1, d_rows, lim.max_top_k), torch.float32)
@@ -152,7 +153,7 @@ class Generator:
         self._growers: dict[TreeParams, TreeGrower] = {}
         self.eos = set(t.eos_token_ids)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
-        self._draft_names = (C.past_names(1), C.present_names(1))
+        self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         # Per call shape, the bindings that never move (host-array views, output rows, new-rows scratch), made once:
         # bounded by the distinct (rows, logit rows / feature rows) a session meets, at most a few hundred.
         self._io_memo: dict[tuple, tuple[dict, dict]] = {}

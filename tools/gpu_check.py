@@ -127,7 +127,7 @@ def graph_inputs(m, graph: str, new: int, past: int, rows: int, rng) -> dict[str
              C.DRAFT_FEATURES: rng.standard_normal((1, new - rows, di.feature_dim)).astype(np.float32),
              C.HIDDEN_IN: rng.standard_normal((1, rows, di.hidden_size)).astype(np.float32),
              C.POSITION_IDS: pos, C.ATTENTION_MASK: mask}
-        heads, hd, layers = di.kv_heads, di.head_dim, 1
+        heads, hd, layers = di.kv_heads, di.head_dim, di.num_layers
     for name in C.past_names(layers):
         x[name] = rng.standard_normal((1, past, heads, hd)).astype(np.float32)
     return x
