@@ -290,3 +290,17 @@ def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path):
     configs = [c.runtime_config for g in again.graphs.values() for c in g.contexts]
     assert all(c.runtime_cache.loaded and c.dynamic_shapes_kernel_specialization_strategy.name == "LAZY"
                for c in configs)
+
+
+def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
+    """Planted: the memo of what each context was given is shared by the contexts of a graph, so a context skips
+    shapes and addresses only another context received: the emulator catches the first call on the second."""
+    rt = emulated_runtime(engines("fp32"))
+    for g in rt.backend.graphs.values():
+        shapes, addresses = {}, {}
+        g.shapes = [shapes] * len(g.shapes)
+        g.addresses = [addresses] * len(g.addresses)
+    # The draft's first tree level (profile 1) gets the shapes that differ from the context pass, but no address.
+    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): draft_step: no address for "
+                                            r"\['input_ids', 'features'"):
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
