@@ -574,5 +574,5 @@ def _save_runtime_caches(caches: list[tuple[object, Path | None]]) -> None:
             continue
         try:
             path.write_bytes(bytes(cache.serialize()))
-        except OSError as e:  # a read-only artifact: the next process compiles again
+        except Exception as e:  # a read-only artifact, or TensorRT torn down at exit: the next process compiles again
             log.warning("could not write the TensorRT-RTX runtime cache %s: %s", path, e)

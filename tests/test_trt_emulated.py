@@ -273,7 +273,7 @@ def test_debug_sync_names_the_graph_and_profile_of_a_device_fault(engines):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
 
 
-def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path):
+def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path, caplog):
     """Contexts are made from a runtime config (user-managed memory, no per-shape JIT specialisation by default),
     with a runtime cache that is written by save_runtime_cache and read back by the next process."""
     from eagle_export.tools.trt_emulator import emulated_backend
@@ -286,6 +286,10 @@ def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path):
     be.save_runtime_cache()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft_step.engine.runtime_cache",
                                                          "target_verify.engine.runtime_cache"]
+    nowhere = emulated_backend(art, runtime_cache_dir=tmp_path / "missing")
+    with caplog.at_level("WARNING", logger="eagle_export"):
+        nowhere.save_runtime_cache()  # an unwritable place is a warning, never an error (also at exit)
+    assert "could not write the TensorRT-RTX runtime cache" in caplog.text
     again = emulated_backend(art, runtime_cache_dir=tmp_path, rtx_shape_strategy="lazy")
     configs = [c.runtime_config for g in again.graphs.values() for c in g.contexts]
     assert all(c.runtime_cache.loaded and c.dynamic_shapes_kernel_specialization_strategy.name == "LAZY"
