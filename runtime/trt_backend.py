@@ -509,63 +509,68 @@ class TrtBackend:
         inputs = {n: x if type(x) is BufferView else view_of(x) for n, x in inputs.items()}
         outputs = {n: x if type(x) is BufferView else view_of(x) for n, x in outputs.items()}
         plan, key = self._plan(g, inputs, outputs)
-        p = plan.profile
+        caller = self.mem.current_stream()
+        self.stream.wait_stream(caller)
+        try:
+            with self.mem.on(self.stream):
+                self._enqueue(g, plan, key, inputs, outputs)
+        finally:  # even after an error: work the caller queues next comes after this call's copies
+            caller.wait_stream(self.stream)
+
+    def _enqueue(self, g: _TrtGraph, plan: CallPlan, key: tuple, inputs: dict, outputs: dict) -> None:
+        """Stage, give the profile's context what changed, execute on the backend's stream (and, with debug_sync,
+        wait for it), queue the copies of outputs bound through scratch."""
+        graph, p, s, mem = g.name, plan.profile, self.stream, self.mem
         ctx, shapes, addresses = g.contexts[p], g.shapes[p], g.addresses[p]
-        mem = self.mem
-        caller = mem.current_stream()
-        s = self.stream
-        s.wait_stream(caller)
-        with mem.on(s):
-            staged = False
+        staged = False
+        try:
+            for b in plan.inputs:
+                name = b.name
+                if b.stage is not None:
+                    staged = staged or b.stage == "h2d"
+                    self._stage(g, b, inputs[name])
+                    address = b.address
+                else:
+                    address = inputs[name][0]
+                if shapes.get(name) != b.shape:
+                    if not ctx.set_input_shape(name, b.shape):
+                        shapes.pop(name, None)
+                        raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {name} "
+                                          f"(profile {p}): " + "; ".join(self.logger.errors))
+                    shapes[name] = b.shape
+                if addresses.get(name) != address:
+                    ctx.set_tensor_address(name, address)
+                    addresses[name] = address
+        finally:
+            if staged:  # recorded even when a later input failed: the next call waits for these copies
+                g.h2d_done.record(s)
+                g.h2d_pending = True
+        if key not in g.checked[p]:
+            for b in plan.outputs:
+                got = tuple(ctx.get_tensor_shape(b.name))
+                if got != b.shape:
+                    raise EngineError(f"{graph}: the engine computes {b.name} as {list(got)}, the caller's buffer "
+                                      f"is {list(b.shape)}")
+            g.checked[p].add(key)
+        for b in plan.outputs:
+            address = b.address if b.copy_back else outputs[b.name][0]
+            if addresses.get(b.name) != address:
+                ctx.set_tensor_address(b.name, address)
+                addresses[b.name] = address
+        self.logger.reset()
+        if not ctx.execute_async_v3(s.cuda_stream):
+            raise EngineError(f"{graph}: TensorRT execution failed (profile {p}): "
+                              + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
+        if self.debug_sync:
             try:
-                for b in plan.inputs:
-                    name = b.name
-                    if b.stage is not None:
-                        staged = staged or b.stage == "h2d"
-                        self._stage(g, b, inputs[name])
-                        address = b.address
-                    else:
-                        address = inputs[name][0]
-                    if shapes.get(name) != b.shape:
-                        if not ctx.set_input_shape(name, b.shape):
-                            shapes.pop(name, None)
-                            raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {name} "
-                                              f"(profile {p}): " + "; ".join(self.logger.errors))
-                        shapes[name] = b.shape
-                    if addresses.get(name) != address:
-                        ctx.set_tensor_address(name, address)
-                        addresses[name] = address
-            finally:
-                if staged:  # recorded even when a later input failed: the next call waits for these copies
-                    g.h2d_done.record(s)
-                    g.h2d_pending = True
-            if key not in g.checked[p]:
-                for b in plan.outputs:
-                    got = tuple(ctx.get_tensor_shape(b.name))
-                    if got != b.shape:
-                        raise EngineError(f"{graph}: the engine computes {b.name} as {list(got)}, the caller's buffer "
-                                          f"is {list(b.shape)}")
-                g.checked[p].add(key)
-            for b in plan.outputs:
-                address = b.address if b.copy_back else outputs[b.name][0]
-                if addresses.get(b.name) != address:
-                    ctx.set_tensor_address(b.name, address)
-                    addresses[b.name] = address
-            self.logger.reset()
-            if not ctx.execute_async_v3(s.cuda_stream):
-                raise EngineError(f"{graph}: TensorRT execution failed (profile {p}): "
-                                  + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
-            if self.debug_sync:
-                try:
-                    s.synchronize()
-                except Exception as e:  # a CUDA fault: name the call it came from
-                    raise EngineError(f"{graph}: the call failed on the device (profile {p}, "
-                                      f"{g.profiles[p].name}; axes {plan.axes}): {e}") from e
-            for b in plan.outputs:
-                if b.copy_back:
-                    v = outputs[b.name]
-                    mem.copy(mem.bytes_at(v), g.scratch[b.name][:v.nbytes])
-        caller.wait_stream(s)
+                s.synchronize()
+            except Exception as e:  # a CUDA fault: name the call it came from
+                raise EngineError(f"{graph}: the call failed on the device (profile {p}, "
+                                  f"{g.profiles[p].name}; axes {plan.axes}): {e}") from e
+        for b in plan.outputs:
+            if b.copy_back:
+                v = outputs[b.name]
+                mem.copy(mem.bytes_at(v), g.scratch[b.name][:v.nbytes])
 
 
 def _save_runtime_caches(caches: list[tuple[object, Path | None]]) -> None:
