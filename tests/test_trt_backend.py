@@ -1,7 +1,8 @@
-"""The TensorRT backend as far as a CPU allows: its per-call planning (profile choice, shape checks, the
-(name, shape, address) bindings, staging and unaligned-output scratch) on fake device addresses, driven
-both by hand and by the real generator over a whole generation; clear errors without engines or CUDA.
-Execution on TensorRT runs only where torch sees a CUDA device (skipped here with the reason)."""
+"""The TensorRT backend's per-call planning (profile choice, shape checks, the (name, shape, address) bindings,
+staging and unaligned-output scratch): by hand on fake device addresses, and over whole generations of the real
+generator on aligned host memory standing for device memory; the Backend protocol; clear errors without engines
+or CUDA. Execution is tested on the CPU emulator (test_trt_emulated.py); on a real GPU only where torch sees a
+CUDA device (skipped here with the reason)."""
 
 from __future__ import annotations
 
