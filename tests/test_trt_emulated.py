@@ -308,3 +308,14 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
     with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): draft_step: no address for "
                                             r"\['input_ids', 'features'"):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+
+
+def test_trt_host_bench_prints_its_figures(engines):
+    from click.testing import CliRunner
+
+    from eagle_export.tools.trt_host_bench import main
+
+    res = CliRunner().invoke(main, [str(engines("fp32")), "--new-tokens", "8"])
+    assert res.exit_code == 0, res.output
+    assert "median host us per call: target_verify" in res.output
+    assert "set_tensor_address 0.0, get_tensor_shape 0.0" in res.output  # the third run sets no address
