@@ -119,6 +119,21 @@ class EngineFactory:
         return self._cache[key]
 
 
+    def for_this_gpu(self, dtype: str = "fp32") -> Path:
+        """Engines built with ``--engine-lib auto``, which takes a library that can run on the GPU present (CI's
+        TensorRT-RTX engines cannot run on a data-centre GPU such as an H200)."""
+        import shutil
+
+        from eagle_export.engines.builder import BuildOptions, build_engines
+
+        key = (dtype, "gpu")
+        if key not in self._cache:
+            art = shutil.copytree(self.artifact(dtype), self.root / f"engines_{dtype}_gpu")
+            build_engines(art, BuildOptions(engine_lib="auto"), progress=False)
+            self._cache[key] = art
+        return self._cache[key]
+
+
 @pytest.fixture(scope="session")
 def engines(models, tmp_path_factory) -> EngineFactory:
     return EngineFactory(models, tmp_path_factory.mktemp("engines"))
