@@ -101,7 +101,7 @@ class EmulatedMemory:
         start = raw.data_ptr() + off
         i = bisect.bisect(self._starts, start)
         self._starts.insert(i, start)
-        self._blocks.insert(i, (start, start + max(n, 1), raw))
+        self._blocks.insert(i, (start, start + n, raw))
         return t
 
     def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -114,7 +114,7 @@ class EmulatedMemory:
         i = bisect.bisect(self._starts, address) - 1
         if i >= 0:
             start, end, _ = self._blocks[i]
-            if start <= address < end or (address == end and start == end - 1):
+            if start <= address <= end:  # the end too: an empty view may sit just past a buffer's last row
                 return start, end
         return None
 
