@@ -319,3 +319,22 @@ def test_trt_host_bench_prints_its_figures(engines):
     assert res.exit_code == 0, res.output
     assert "median host us per call: target_verify" in res.output
     assert "set_tensor_address 0.0, get_tensor_shape 0.0" in res.output  # the third run sets no address
+
+
+def test_bench_proxy_times_the_tensorrt_backend_around_run_and_synchronize(engines):
+    """bench's TimingBackend over TrtBackend (last_exec_s None): every call is synchronised and timed, so queued
+    device work counts as the graph's; the generation is unchanged."""
+    from eagle_export.tools.bench import TimingBackend
+
+    rt = emulated_runtime(engines("fp32"))
+    want = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)
+    proxy = TimingBackend(rt.backend)
+    rt.generator.backend = proxy
+    syncs = []
+    real = rt.backend.synchronize
+    rt.backend.synchronize = lambda: (syncs.append(1), real())[1]
+    got = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)
+    assert got.tokens == want.tokens
+    calls = proxy.calls[C.TARGET_GRAPH] + proxy.calls[C.DRAFT_GRAPH]
+    assert proxy.calls[C.TARGET_GRAPH] == got.stats.rounds + 1 and len(syncs) == calls
+    assert all(v > 0 for v in proxy.seconds.values())
