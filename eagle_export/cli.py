@@ -256,7 +256,7 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, targe
     """
     from .export.hub import resolve_checkpoint
     from .prompts import read_prompts
-    from .tools.validate import validate
+    from .tools.commands.validate import validate
 
     if target_dir is not None:
         target_dir = resolve_checkpoint(target_dir, "--target", progress=not as_json)
@@ -295,7 +295,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               plot_file) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
     from .prompts import read_prompts
-    from .tools.bench import bench, plot_n_alpha, require_matplotlib
+    from .tools.commands.bench import bench, plot_n_alpha, require_matplotlib
 
     if plot_file is not None:
         require_matplotlib()  # fail before the bench runs, not after
@@ -336,8 +336,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     Exit status 0 when done, 1 when a setting was lossy (nothing written), 2 on an error in what you give.
     """
     from .prompts import read_prompts
-    from .tools.bench import require_matplotlib
-    from .tools.tune import Grid, plot_speedup, tune, write_winner
+    from .tools.commands.bench import require_matplotlib
+    from .tools.commands.tune import Grid, plot_speedup, tune, write_winner
 
     Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything
     if plot_file is not None:

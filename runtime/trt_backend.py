@@ -25,7 +25,7 @@ have a scratch buffer (allocated once, sized by the profiles): an output at an u
 there and copied into place on the same stream.
 
 The hardware is behind one seam (``CudaMemory``: allocation, pinned memory, copies, streams, events, host
-reads) and the library behind another (``lib``); ``tools/trt_emulator.py`` swaps both to run this class on
+reads) and the library behind another (``lib``); ``tools/testing/trt_emulator.py`` swaps both to run this class on
 a CPU.
 """
 
@@ -226,7 +226,7 @@ class GraphBindings:
 
 class CudaMemory:
     """Device allocation, streams and events on one CUDA device, through torch: the backend's one seam to the
-    hardware (the CPU emulator of ``tools/trt_emulator.py`` swaps in host memory and recorded streams)."""
+    hardware (the CPU emulator of ``tools/testing/trt_emulator.py`` swaps in host memory and recorded streams)."""
 
     def __init__(self, index: int):
         self.device = f"cuda:{index}"
@@ -382,7 +382,7 @@ class TrtBackend:
     """Target and draft engines on one CUDA device. Implements ``runtime.backend.Backend``.
 
     ``lib`` and ``mem`` are the seams to TensorRT and to the device: by default the library the engines were
-    built with and ``CudaMemory``; the CPU emulator (``tools/trt_emulator.py``) passes stand-ins for both.
+    built with and ``CudaMemory``; the CPU emulator (``tools/testing/trt_emulator.py``) passes stand-ins for both.
 
     debug_sync: synchronise after every call, so that a device fault is reported as an EngineError naming the
     graph and profile (default: the ``EAGLE_EXPORT_TRT_DEBUG_SYNC`` environment variable; costs a host round

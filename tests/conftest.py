@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeLimits
 
 # Tests never download: a name that is no local path (a repo id for --target/--draft) stays on the local hub cache.
@@ -40,7 +40,7 @@ class ModelFactory:
                  feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
                  head: tuple = (), **target_overrides) -> tuple[Path, Path, Path]:
         """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's).
-        head: extra (name, value) keywords for the head writer (format layouts and variants, tools/tiny_models)."""
+        head: extra (name, value) keywords for the head writer (layouts, variants: tools/testing/tiny_models)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
                limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, head,
                tuple(sorted(target_overrides.items())))
@@ -153,7 +153,7 @@ def bigram(tmp_path_factory):
     from bigram import make_bigram_pair
     from transformers import AutoTokenizer
 
-    from eagle_export.tools.tiny_models import make_tiny_tokenizer
+    from eagle_export.tools.testing.tiny_models import make_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("bigram")
     tok = make_tiny_tokenizer(root / "tok", 384)

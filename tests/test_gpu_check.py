@@ -1,4 +1,4 @@
-"""The CPU-checkable pieces of tools/gpu_check.py, so the GPU script does not rot between GPU runs: its
+"""The CPU-checkable pieces of tools/commands/gpu_check.py, so the GPU script does not rot between GPU runs: its
 random calls go through a backend's run() and match the PyTorch modules (here on ONNX Runtime CPU)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from eagle_export.export.loaders import load_eagle1_head, load_target
 from eagle_export.export.modules import DraftStep, TargetVerify
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools import gpu_check as G
+from eagle_export.tools.commands import gpu_check as G
 
 
 @pytest.fixture(scope="module")

@@ -309,8 +309,8 @@ def test_views_of_tensors():
 
 
 def test_backends_implement_the_protocol(engines):
-    from eagle_export.tools.bench import TimingBackend
-    from eagle_export.tools.trt_emulator import emulated_backend
+    from eagle_export.tools.commands.bench import TimingBackend
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
 
     art = engines("fp32")
     ort_be = OrtBackend(art, load_manifest(art), threads=1)

@@ -1,5 +1,5 @@
 """The TensorRT backend end to end on the CPU: real TensorRT-RTX engines (built in CI), executed by the emulator
-of ``tools/trt_emulator.py``, which enforces TensorRT's rules for every call and runs the engines' source ONNX
+of ``tools/testing/trt_emulator.py``, which enforces TensorRT's rules for every call and runs the engines' source ONNX
 graphs with ONNX Runtime over exactly the memory the backend bound.
 
 Full generations through ``TrtBackend``: greedy equal to transformers, sampling equal to ONNX Runtime with the
@@ -22,7 +22,7 @@ from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.backend import Backend
 from eagle_export.runtime.sampling import SamplingParams
 from eagle_export.runtime.trt_backend import TrtBackend
-from eagle_export.tools.trt_emulator import RuleViolation, TrtEmulator, emulated_runtime
+from eagle_export.tools.testing.trt_emulator import RuleViolation, TrtEmulator, emulated_runtime
 from eagle_export.tree_params import TreeParams
 
 TREE = TreeParams(top_k=4, depth=3, total_tokens=12)  # the engines' largest verify (13 tokens)
@@ -192,7 +192,7 @@ def test_two_contexts_on_one_profile_fail_with_the_own_profile_rule(engines):
 
 def test_engines_of_a_library_that_cannot_run_on_the_gpu_are_refused(engines):
     """TensorRT-RTX engines on a Hopper GPU (compute capability 9.0): one clear line naming the fix."""
-    from eagle_export.tools.trt_emulator import emulated_backend
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
 
     art = engines("fp32")
     with pytest.raises(EngineError) as info:
@@ -276,7 +276,7 @@ def test_debug_sync_names_the_graph_and_profile_of_a_device_fault(engines):
 def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path, caplog):
     """Contexts are made from a runtime config (user-managed memory, no per-shape JIT specialisation by default),
     with a runtime cache that is written by save_runtime_cache and read back by the next process."""
-    from eagle_export.tools.trt_emulator import emulated_backend
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
 
     art = engines("fp32")
     be = emulated_backend(art, runtime_cache_dir=tmp_path)
@@ -313,7 +313,7 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
 def test_trt_host_bench_prints_its_figures(engines):
     from click.testing import CliRunner
 
-    from eagle_export.tools.trt_host_bench import main
+    from eagle_export.tools.commands.trt_host_bench import main
 
     res = CliRunner().invoke(main, [str(engines("fp32")), "--new-tokens", "8"])
     assert res.exit_code == 0, res.output
@@ -324,7 +324,7 @@ def test_trt_host_bench_prints_its_figures(engines):
 def test_bench_proxy_times_the_tensorrt_backend_around_run_and_synchronize(engines):
     """bench's TimingBackend over TrtBackend (last_exec_s None): every call is synchronised and timed, so queued
     device work counts as the graph's; the generation is unchanged."""
-    from eagle_export.tools.bench import TimingBackend
+    from eagle_export.tools.commands.bench import TimingBackend
 
     rt = emulated_runtime(engines("fp32"))
     want = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)

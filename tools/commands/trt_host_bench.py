@@ -1,7 +1,7 @@
 """Host work of the TensorRT backend per call, on a CPU: TrtBackend over the emulator with TensorRT's execution
 stubbed out, so what is timed is the backend's own planning, staging and binding (plus the stand-in's calls).
 
-    python -m eagle_export.tools.trt_host_bench ARTIFACT [--new-tokens 60] [--reset-each-call]
+    python -m eagle_export.tools.commands.trt_host_bench ARTIFACT [--new-tokens 60] [--reset-each-call]
 
 ARTIFACT needs engines (`eagle-export build`). One EAGLE generation is run three times; the last is reported:
 median host microseconds per target and per draft call, and how many set_input_shape / set_tensor_address /
@@ -28,7 +28,7 @@ COUNTED = ("set_input_shape", "set_tensor_address", "get_tensor_shape")
 @click.option("--new-tokens", type=int, default=60, show_default=True)
 @click.option("--reset-each-call", is_flag=True, help="Clear the plan cache and context memos before each call.")
 def main(artifact: Path, new_tokens: int, reset_each_call: bool) -> None:
-    from eagle_export.tools import trt_emulator as E
+    from eagle_export.tools.testing import trt_emulator as E
 
     rt = E.emulated_runtime(artifact)
     be = rt.backend

@@ -1,6 +1,6 @@
 """`eagle-export bench`: EAGLE against `--no-draft` on the same runtime, side by side in one run.
 
-    from eagle_export.tools.bench import bench
+    from eagle_export.tools.commands.bench import bench
     report = bench("artifacts/tiny", max_new_tokens=64, threads=1)
     print(report.format())            # or json.dumps(report.to_dict())
 
@@ -267,7 +267,7 @@ def check_run_settings(max_new_tokens, threads) -> None:
 
 class PairedSession:
     """One opened runtime with the timing proxy installed and the prompts resolved to ids: the measuring core
-    shared by ``bench`` and ``tune`` (tools/tune.py).
+    shared by ``bench`` and ``tune`` (tools/commands/tune.py).
 
         with PairedSession(artifact, prompts=None, backend="ort", threads=1) as s:
             s.warm_up(tree, max_new_tokens)

@@ -1,6 +1,6 @@
 """The one script to run on a GPU: export tiny models, build TensorRT engines, run them, compare, time.
 
-    python -m eagle_export.tools.gpu_check [--workdir gpu_check] [--engine-lib auto|tensorrt|tensorrt-rtx]
+    python -m eagle_export.tools.commands.gpu_check [--workdir gpu_check] [--engine-lib auto|tensorrt|tensorrt-rtx]
         [--case eagle1:fp32 --case eagle3:bf16 ...] [--prompts 3] [--new-tokens 32] [--json FILE] [--emulate]
 
 Needs an NVIDIA GPU, PyTorch with CUDA and the TensorRT module that runs on it: ``tensorrt`` 10.x/11.x on a
@@ -23,7 +23,7 @@ every fp32 max error below 1e-3, and the same seed giving the same tokens twice.
 sampled comparison with the CPU are reported, not judged (different kernels may flip near-ties). A JSON
 summary goes to WORKDIR/gpu_check.json (or --json). Budget: under 5 minutes on a GPU (TensorRT builds
 dominate). ``--emulate`` runs the same script on a CPU through the TensorRT emulator of
-``tools/trt_emulator.py`` (TensorRT-RTX engines; no GPU timing): CI uses it so the script does not rot.
+``tools/testing/trt_emulator.py`` (TensorRT-RTX engines; no GPU timing): CI uses it so the script does not rot.
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def median_us(values) -> float | None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Where to write the JSON summary (default WORKDIR/gpu_check.json).")
 @click.option("--emulate", is_flag=True, help="No GPU: run the TensorRT backend on the CPU emulator "
-              "(tools/trt_emulator.py) with TensorRT-RTX engines.")
+              "(tools/testing/trt_emulator.py) with TensorRT-RTX engines.")
 @click.option("--emulate-capability", default="8.9", show_default=True, help="The compute capability the "
               "emulator reports (to see the mismatch check on a CPU).")
 def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, json_path: Path | None,
@@ -260,7 +260,7 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
     from eagle_export.export.modules import DraftStep, TargetVerify
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.sampling import SamplingParams
-    from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+    from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
     from eagle_export.tree_params import TreeLimits, TreeParams
 
     t_start = time.perf_counter()
@@ -336,7 +336,7 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
         judged = dtype == "fp32"
         t0 = time.perf_counter()
         if emulate:
-            from eagle_export.tools.trt_emulator import emulated_runtime
+            from eagle_export.tools.testing.trt_emulator import emulated_runtime
 
             trt_rt = emulated_runtime(art, compute_capability=capability)
         else:
