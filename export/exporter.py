@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from eagle_export import __version__
 from eagle_export import contract as C
+from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
 from eagle_export.progress import progress_bar, terminal_bars
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 
 # bf16 graphs build and run on TensorRT; ONNX Runtime's CPU provider has no bf16 kernels (MatMul), so the
 # ort backend refuses them.
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 OPSET = 17
 DEFAULT_MAX_SEQ_LEN = 2048
 # Targets whose weight files reach this size take the lean path (export/weights.py: traced on the meta device,
@@ -197,8 +196,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     t_start = time.perf_counter()
     out_dir = Path(out_dir)
     options = options or ExportOptions()
-    if options.dtype not in DTYPES:
-        raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+    if options.dtype not in EXPORT_DTYPES:
+        raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
     if options.max_seq_len is not None and options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
@@ -211,7 +210,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             raise EagleExportError(
                 f"{out_dir} is a non-empty directory that is not an eagle-export artifact: refusing to replace it"
             )
-    dtype = DTYPES[options.dtype]
+    dtype_name = EXPORT_DTYPES[options.dtype]
+    dtype = torch_dtype(dtype_name)
     steps = progress_bar(5, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
@@ -245,7 +245,6 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     weights_bytes = _unique_param_bytes([target.model, head], dtype)
     steps.update()
 
-    dtype_name = NP_DTYPE_NAMES[dtype]
     tinfo = target_info(target, feature_dim=draft.feature_dim, feature_layers=draft.feature_layers)
     dheads = dcfg.num_attention_heads
     dinfo = DraftInfo(
@@ -263,9 +262,9 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
                               feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name,
                               num_layers=dinfo.num_layers)
     lim = options.limits
-    verify_rows = lim.max_total_tokens + 1
+    verify_rows = lim.max_verify_tokens
     t_new = max(seq, verify_rows)
-    d_new = max(seq, lim.max_top_k, lim.max_depth + 2)
+    d_new = max(seq, lim.max_top_k, lim.max_context_rows)
     d_past = seq + lim.max_draft_rows
     target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.PAST_LEN: [0, seq - 1],
                    C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}

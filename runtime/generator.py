@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
+def tau(accept_lengths: list[int]) -> float:
+    """Committed tokens per target forward (the accepted draft tokens of each round plus its bonus token), over
+    the rounds given; 0 without rounds. The one definition: stats, bench and the command line use it."""
+    if not accept_lengths:
+        return 0.0
+    return (sum(accept_lengths) + len(accept_lengths)) / len(accept_lengths)
+
+
 @dataclass
 class GenerationStats:
     rounds: int = 0  # target forwards after prefill (verify rounds, or decode steps with no draft)
@@ -56,9 +64,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Committed tokens per target forward, bonus token included."""
-        if not self.rounds:
-            return 0.0
-        return (sum(self.accept_lengths) + self.rounds) / self.rounds
+        return tau(self.accept_lengths)
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
@@ -99,16 +105,16 @@ class Generator:
         t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
         self.capacity = manifest.max_seq_len
         self.chunk = max(1, min(prefill_chunk, self.capacity))
-        verify_rows = lim.max_total_tokens + 1
+        verify_rows = lim.max_verify_tokens
         t_rows = max(self.chunk, verify_rows)
-        d_rows = max(self.chunk, lim.max_top_k, lim.max_depth + 2)
+        d_rows = max(self.chunk, lim.max_top_k, lim.max_context_rows)
         zeros = backend.zeros
         # Target cache: committed rows stay < capacity; a round's accepted path (up to verify_rows) may run past it.
         self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype,
                               backend.device, new_rows=t_rows, zeros=zeros)
         # Draft cache: committed context + every frontier row of one round's tree.
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim,
-                              self.capacity + lim.max_draft_rows + lim.max_depth + 2, dtype, backend.device,
+                              self.capacity + lim.max_draft_rows + lim.max_context_rows, dtype, backend.device,
                               new_rows=d_rows, zeros=zeros)
         self.logits = zeros((1, verify_rows, t.vocab_size), torch.float32)
         self.tfeats = zeros((1, t_rows, t.feature_dim), dtype)

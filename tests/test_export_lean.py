@@ -18,7 +18,7 @@ from eagle_export.errors import CheckpointError
 from eagle_export.export.exporter import ExportOptions, export_with_report
 from eagle_export.manifest import MANIFEST_NAME, load_manifest
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 
 LEAN = 0  # lean_threshold_bytes: every safetensors target takes the lean path
 IN_MEMORY = 1 << 60

@@ -292,7 +292,7 @@ def child_open(artifact: str, reps: int) -> dict:
 
 def _host_per_round(rt) -> float:
     """Host work per EAGLE round: decode time minus graph execution, over a short generation."""
-    from eagle_export.tools.bench import _generate, _Installed
+    from eagle_export.tools.commands.bench import _generate, _Installed
 
     with _Installed(rt) as proxy:
         ids = [(1000 + i) % rt.manifest.target.vocab_size for i in range(32)]
