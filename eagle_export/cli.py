@@ -201,8 +201,8 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
     else:
         s = res.stats
         click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, rounds={s.rounds}, tau={s.tau:.2f}, "
-                   f"prefill {s.prefill_s * 1e3:.1f} ms, {len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} "
-                   "tok/s overall]", err=True)
+                   f"opened in {rt.open_s or 0.0:.1f} s, prefill {s.prefill_s * 1e3:.1f} ms, "
+                   f"{len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} tok/s overall]", err=True)
 
 
 def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> None:

@@ -76,7 +76,7 @@ def test_prompt_text_equals_prompt_ids(tiny):
     # Streaming mode prints the same text on stdout and a summary on stderr.
     r = ok("generate", art, "--prompt", text, "--max-new-tokens", 10, "--ignore-eos")
     assert r.stdout == a["text"] + "\n"
-    assert "[10 tokens, finish=length" in r.stderr
+    assert "[10 tokens, finish=length" in r.stderr and "opened in " in r.stderr
 
 
 def test_streaming_ids_without_tokenizer(plain):
