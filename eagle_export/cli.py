@@ -48,6 +48,7 @@ def main() -> None:
                    "format: SafeAILab EAGLE-1/2 or EAGLE-3, SpecForge, speculators, ModelOpt, detected from the "
                    "files (docs/formats.md); or a Hub repo id, as --target.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
+# --dtype spells eagle_export.dtypes.EXPORT_DTYPES (not imported here: it imports torch, and the CLI starts light)
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
 @click.option("--max-seq-len", type=int, default=None,
@@ -72,7 +73,7 @@ def main() -> None:
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
-    from .export.exporter import ExportOptions, export_artifact
+    from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
 
     target_dir = resolve_checkpoint(target_dir, "--target", progress=not quiet)
@@ -82,8 +83,8 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
                          feature_layers=layers)
-    path = export_artifact(target_dir, draft_dir, out_dir, opts, progress=not quiet)
-    click.echo(f"wrote {path}")
+    report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
+    click.echo(report.summary())
 
 
 @main.command("build")
@@ -202,8 +203,8 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
     else:
         s = res.stats
         click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, rounds={s.rounds}, tau={s.tau:.2f}, "
-                   f"prefill {s.prefill_s * 1e3:.1f} ms, {len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} "
-                   "tok/s overall]", err=True)
+                   f"opened in {rt.open_s or 0.0:.1f} s, prefill {s.prefill_s * 1e3:.1f} ms, "
+                   f"{len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} tok/s overall]", err=True)
 
 
 def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> None:
@@ -223,9 +224,10 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
         click.echo(json.dumps(out))
     else:
         tokens = sum(len(r.tokens) for _, r in results)
-        rounds = sum(r.stats.rounds for _, r in results)
-        committed = sum(sum(r.stats.accept_lengths) + r.stats.rounds for _, r in results)
-        click.echo(f"[{n} samples, {tokens} tokens, tau={committed / max(rounds, 1):.2f}]", err=True)
+        from eagle_export.runtime.generator import tau
+
+        overall = tau([a for _, r in results for a in r.stats.accept_lengths])
+        click.echo(f"[{n} samples, {tokens} tokens, tau={overall:.2f}]", err=True)
 
 
 @main.command("validate")
@@ -256,7 +258,7 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, targe
     """
     from .export.hub import resolve_checkpoint
     from .prompts import read_prompts
-    from .tools.validate import validate
+    from .tools.commands.validate import validate
 
     if target_dir is not None:
         target_dir = resolve_checkpoint(target_dir, "--target", progress=not as_json)
@@ -303,14 +305,14 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               plot_file, concurrency, requests, repeats) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
     from .prompts import read_prompts
-    from .tools.bench import bench, plot_n_alpha, require_matplotlib
+    from .tools.commands.bench import bench, plot_n_alpha, require_matplotlib
 
     if plot_file is not None:
         require_matplotlib()  # fail before the bench runs, not after
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
     if concurrency is not None:
-        from .tools.bench_concurrency import bench_concurrency, plot_throughput
+        from .tools.commands.bench_concurrency import bench_concurrency, plot_throughput
 
         ns = _parse_ids(concurrency, "--concurrency")
         tree = None
@@ -366,8 +368,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     Exit status 0 when done, 1 when a setting was lossy (nothing written), 2 on an error in what you give.
     """
     from .prompts import read_prompts
-    from .tools.bench import require_matplotlib
-    from .tools.tune import Grid, plot_speedup, tune, write_winner
+    from .tools.commands.bench import require_matplotlib
+    from .tools.commands.tune import Grid, plot_speedup, tune, write_winner
 
     Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything
     if plot_file is not None:

@@ -152,6 +152,9 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     engines: EnginesInfo | None = None  # set by `eagle-export build`; older manifests have none
     tuned: TunedInfo | None = None  # set by `eagle-export tune`; older manifests have none
+    # Every file the export wrote beside manifest.json, name -> bytes (graphs, their data files, tokenizer files);
+    # older manifests have none.
+    files: dict[str, int] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
@@ -176,6 +179,7 @@ class Manifest:
             "versions": self.versions,
             **({"engines": self.engines.to_dict()} if self.engines is not None else {}),
             **({"tuned": self.tuned.to_dict()} if self.tuned is not None else {}),
+            **({"files": dict(self.files)} if self.files else {}),
         }
 
     def write(self, directory: Path) -> Path:
@@ -199,6 +203,7 @@ class Manifest:
             has_tokenizer=bool(d["has_tokenizer"]), versions=dict(d.get("versions", {})),
             engines=EnginesInfo.from_dict(d["engines"]) if d.get("engines") is not None else None,
             tuned=TunedInfo.from_dict(d["tuned"]) if d.get("tuned") is not None else None,
+            files={str(k): int(v) for k, v in (d.get("files") or {}).items()},
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
 

@@ -1,6 +1,7 @@
 """Tree parameters of the EAGLE-2 dynamic tree: one definition, validated once.
 
-Naming follows docs/primer: ``total_tokens`` counts draft nodes only; the target
+Naming follows the EAGLE-2 reference (SafeAILab EAGLE's ``top_k``, ``depth``, ``total_token``) and
+docs/runtime.md: ``total_tokens`` counts draft nodes only; the target
 verifies ``total_tokens + 1`` tokens (the root too). ``depth`` is the number of
 draft forwards after the context pass, so the deepest node sits at level
 ``depth + 1``.
@@ -70,6 +71,18 @@ class TreeLimits:
                 raise GenerationError(
                     f"{name}={value} exceeds the artifact's limit {limit} (set at export with {flag})"
                 )
+
+    # The sizes every part derives from the limits (exporter axes, generator buffers, engine profiles): here once.
+    @property
+    def max_verify_tokens(self) -> int:
+        """Tokens one verify checks at most: the root and every draft node (the target's logit rows)."""
+        return self.max_total_tokens + 1
+
+    @property
+    def max_context_rows(self) -> int:
+        """Rows of the draft's context pass after a round, at most: the root and up to max_depth + 1 accepted nodes
+        (the deepest level is depth + 1), each fed with the token after it (the last with the bonus token)."""
+        return self.max_depth + 2
 
     @property
     def max_draft_rows(self) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export.contract import GraphSpec
+from eagle_export.dtypes import BY_TRT
 from eagle_export.errors import EngineError
 from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
 from eagle_export.progress import progress_bar
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 ENGINE_SUFFIX = ".engine"
 SHOWN_PHASE_DEPTH = 3  # TensorRT build phases shown on the progress bar (deeper ones change too fast to read)
 
-#: TensorRT DataType member name -> numpy dtype name used by the contract.
-TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64", "INT32": "int32",
-              "BOOL": "bool", "INT8": "int8", "UINT8": "uint8"}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -73,7 +71,10 @@ class BuiltEngine:
 
 
 def _dtype_name(dt) -> str:
-    return TRT_DTYPES.get(getattr(dt, "name", str(dt).rsplit(".", 1)[-1]), str(dt))
+    """TensorRT DataType -> the contract's dtype name (eagle_export.dtypes); an unknown one by its own name."""
+    member = getattr(dt, "name", str(dt).rsplit(".", 1)[-1])
+    known = BY_TRT.get(member)
+    return known.name if known is not None else str(dt)
 
 
 def _make_monitor(lib: TrtLib, bar):

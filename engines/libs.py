@@ -7,7 +7,11 @@ set_tensor_address / execute_async_v3). The differences we meet are handled wher
 - ``tensorrt_rtx`` ignores timing caches (a no-op since TensorRT-RTX 1.2), so ``--timing-cache`` is used
   with ``tensorrt`` only;
 - ``tensorrt_rtx`` builds ahead of time without a GPU (kernels are compiled for the GPU at first run), so
-  CI builds real engines with it; ``tensorrt`` needs a GPU to build.
+  CI builds real engines with it; ``tensorrt`` needs a GPU to build;
+- they run on different GPUs (``RUNS_ON``): TensorRT-RTX on RTX-class GPUs (compute capability 7.5-8.9 and
+  12.x), not on data-centre Hopper/Blackwell (9.0, 10.x); ``tensorrt`` on 7.5 and newer. ``auto`` skips a
+  library that cannot run on the GPU present, and ``TrtBackend`` checks an engine's library against the GPU
+  when it opens the engine.
 """
 
 from __future__ import annotations
@@ -32,6 +36,31 @@ PIP_HINTS = {
     "tensorrt_rtx": "pip install tensorrt-rtx-cu12==1.7.1.116 (builds engines without a GPU)",
 }
 AUTO_ORDER = ("tensorrt", "tensorrt_rtx")
+#: module -> (what it runs on, in words; whether it runs on a compute capability).
+RUNS_ON = {
+    "tensorrt": ("compute capability 7.5 and newer", lambda cc: cc >= (7, 5)),
+    "tensorrt_rtx": ("RTX-class GPUs, compute capability 7.5-8.9 and 12.x (not data-centre 9.0/10.x)",
+                     lambda cc: (7, 5) <= cc <= (8, 9) or cc[0] == 12),
+}
+
+
+def cannot_run(name: str, capability: tuple[int, int]) -> str | None:
+    """Why library ``name`` cannot run engines on a GPU of this compute capability, or None when it can."""
+    words, runs = RUNS_ON[name]
+    if runs(tuple(capability)):
+        return None
+    return f"{name} cannot run on compute capability {capability[0]}.{capability[1]}: it runs on {words}"
+
+
+def gpu_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, or None without a CUDA device (or a CUDA torch)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability())
 
 
 @dataclass(frozen=True)
@@ -75,13 +104,21 @@ def module_name(choice: str) -> str | None:
     return LIB_CHOICES[choice]
 
 
-def load_lib(choice: str = "auto") -> TrtLib:
-    """``auto``: ``tensorrt`` when it imports (and is a supported version), else ``tensorrt_rtx``."""
+def load_lib(choice: str = "auto", capability: tuple[int, int] | None = None) -> TrtLib:
+    """``auto``: ``tensorrt`` when it imports (and is a supported version), else ``tensorrt_rtx``; with a GPU of
+    compute ``capability`` present (default: the current CUDA device's, None without one), only a library that
+    can run engines on it."""
     name = module_name(choice)
     if name is not None:
         return _import(name)
+    if capability is None:
+        capability = gpu_capability()
     problems = []
     for candidate in AUTO_ORDER:
+        why = cannot_run(candidate, capability) if capability is not None else None
+        if why is not None:
+            problems.append(why)
+            continue
         try:
             return _import(candidate)
         except EngineError as e:

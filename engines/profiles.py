@@ -165,7 +165,7 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
         lim = manifest.tree_limits
         k_hi = lim.max_top_k
         k_opt = _clamp(manifest.tree_defaults.top_k, 1, k_hi)
-        c_hi = max(p, lim.max_depth + 2)  # a prompt chunk, or the accepted rows + bonus after a round
+        c_hi = max(p, lim.max_context_rows)  # a prompt chunk, or the accepted rows + bonus after a round
         return [
             make_profile("context", entry, {C.BATCH: batch, C.NEW_TOKENS: (1, p, c_hi), C.FEATURE_ROWS: (1, p, c_hi),
                                             C.HIDDEN_ROWS: (0, 0, 0), C.PAST_LEN: (0, 0, past_hi)}),

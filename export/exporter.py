@@ -13,9 +13,11 @@ from pathlib import Path
 
 import onnx
 import torch
+from tqdm.auto import tqdm
 
 from eagle_export import __version__
 from eagle_export import contract as C
+from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
 from eagle_export.progress import progress_bar, terminal_bars
@@ -23,15 +25,26 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
+from .weights import (
+    MemoryTensor,
+    Source,
+    WeightsAsInputs,
+    checkpoint_bytes,
+    checkpoint_index,
+    checkpoint_sources,
+    externalize,
+)
 
 log = logging.getLogger(__name__)
 
 # bf16 graphs build and run on TensorRT; ONNX Runtime's CPU provider has no bf16 kernels (MatMul), so the
 # ort backend refuses them.
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 OPSET = 17
 DEFAULT_MAX_SEQ_LEN = 2048
+# Targets whose weight files reach this size take the lean path (export/weights.py: traced on the meta device,
+# the checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with
+# their weights, as before; both paths give the same graphs' values (tests/test_export_lean.py).
+LEAN_THRESHOLD_BYTES = 256 << 20
 
 
 @dataclass
@@ -45,6 +58,36 @@ class ExportOptions:
     overwrite: bool = False
     # EAGLE-3: target decoder layers whose inputs form the draft's features (None: the reference's 2, L//2, L-3).
     feature_layers: list[int] | None = None
+    # Weight files of at least this many bytes take the lean path (0: always, when the target is safetensors).
+    lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
+
+
+@dataclass
+class ExportReport:
+    """What an export did: where, how long, how much memory, and how the size compares with the checkpoints."""
+
+    path: Path
+    lean: bool
+    wall_s: float
+    peak_rss_bytes: int
+    weights_bytes: int  # target + head weights at the output dtype
+    artifact_bytes: int
+
+    def summary(self) -> str:
+        gib = 1 << 30
+        return (f"wrote {self.path} in {self.wall_s:.1f} s ({'lean' if self.lean else 'in-memory'} path), peak memory "
+                f"{self.peak_rss_bytes / gib:.2f} GiB = {self.peak_rss_bytes / max(self.weights_bytes, 1):.2f}x the "
+                f"weights ({self.weights_bytes / gib:.2f} GiB at the output dtype), artifact "
+                f"{self.artifact_bytes / gib:.2f} GiB")
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
@@ -54,20 +97,37 @@ def _dummy_common(batch: int, new: int, past: int) -> tuple[torch.Tensor, ...]:
     return ids, pos, mask
 
 
-def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path) -> None:
-    """Trace with the contract's names and axes, then store weights as external data next to the graph."""
+def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path: Path,
+                  lean: dict[int, Source] | None = None, bar=None) -> None:
+    """Trace with the contract's names and axes, then store weights as external data next to the graph.
+
+    lean: tensor id -> checkpoint tensor (export/weights.py). Then the module is traced on the meta device with
+    its weights as graph inputs, and ``externalize`` writes them from their sources one by one: the graph file is
+    written once, small, and only ``<graph>.onnx.data`` sits beside it.
+    """
+    names, axes = spec.input_names, spec.dynamic_axes()
+    if lean is not None:
+        wrapper = WeightsAsInputs(module)
+        names = names + wrapper.names
+        args = tuple(a.to("meta") for a in args) + tuple(wrapper.meta_weights())
+        module = wrapper
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=OPSET,
-            input_names=spec.input_names, output_names=spec.output_names,
-            dynamic_axes=spec.dynamic_axes(), do_constant_folding=True,
+            input_names=names, output_names=spec.output_names,
+            dynamic_axes=axes, do_constant_folding=True,
         )
     model = onnx.load(str(path))
     _pin_io_shapes(model, spec)
     data_name = path.name + ".data"
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_name, size_threshold=1024)
+    if lean is None:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    else:
+        externalize(model, wrapper.sources(lean), path.with_name(data_name),
+                    progress=None if bar is None else bar.update)
+        onnx.save_model(model, str(path))
     onnx.checker.check_model(str(path))
 
 
@@ -106,10 +166,38 @@ def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | N
 def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
                     options: ExportOptions | None = None, progress: bool = True) -> Path:
     """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
+    return export_with_report(target_dir, draft_dir, out_dir, options, progress).path
+
+
+def _unique_param_bytes(modules: list[torch.nn.Module], dtype: torch.dtype) -> int:
+    """Bytes of the modules' distinct parameters at ``dtype`` (float ones; others at their own size)."""
+    seen: dict[int, torch.Tensor] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen[id(p)] = p
+    return sum(p.numel() * (torch.empty((), dtype=dtype).element_size() if p.is_floating_point() else p.element_size())
+               for p in seen.values())
+
+
+def _lean_sources(target: LoadedTarget, dtype: torch.dtype) -> dict[int, Source]:
+    """Where each weight of a meta-device target comes from: the checkpoint, by name, and the rotary tables
+    computed here for real (cast to ``dtype`` as the in-memory path's ``model.to(dtype)`` casts them)."""
+    sources = checkpoint_sources(target.model, checkpoint_index(target.path))
+    rotary = target.model.model.rotary_emb
+    real = type(rotary)(config=target.model.config).to(dtype)
+    for name, buf in rotary.named_buffers():
+        sources[id(buf)] = MemoryTensor(real.get_buffer(name))
+    return sources
+
+
+def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
+                       options: ExportOptions | None = None, progress: bool = True) -> ExportReport:
+    """``export_artifact``, returning what the export cost (wall time, peak memory, sizes)."""
+    t_start = time.perf_counter()
     out_dir = Path(out_dir)
     options = options or ExportOptions()
-    if options.dtype not in DTYPES:
-        raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
+    if options.dtype not in EXPORT_DTYPES:
+        raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
     if options.max_seq_len is not None and options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
@@ -124,11 +212,16 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             raise EagleExportError(
                 f"{out_dir} is a non-empty directory that is not an eagle-export artifact: refusing to replace it"
             )
-    dtype = DTYPES[options.dtype]
+    dtype_name = EXPORT_DTYPES[options.dtype]
+    dtype = torch_dtype(dtype_name)
     steps = progress_bar(5, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
-    target = load_target(target_dir, dtype=torch.float32, progress=terminal_bars(progress))
+    tdir = Path(target_dir)
+    lean = (tdir.is_dir() and any(tdir.glob("*.safetensors"))
+            and checkpoint_bytes(tdir) >= options.lean_threshold_bytes)
+    target = load_target(target_dir, dtype=dtype if lean else torch.float32, progress=terminal_bars(progress),
+                         weights=not lean)
     seq = options.max_seq_len
     if seq is None:
         seq = min(DEFAULT_MAX_SEQ_LEN, target.config.max_position_embeddings)
@@ -150,9 +243,10 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         )
     target.model.to(dtype)
     head.to(dtype)
+    sources = _lean_sources(target, dtype) if lean else None  # after .to(dtype): it replaces cast buffers
+    weights_bytes = _unique_param_bytes([target.model, head], dtype)
     steps.update()
 
-    dtype_name = NP_DTYPE_NAMES[dtype]
     tinfo = target_info(target, feature_dim=draft.feature_dim, feature_layers=draft.feature_layers)
     dheads = dcfg.num_attention_heads
     dinfo = DraftInfo(
@@ -170,9 +264,9 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
                               feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name,
                               num_layers=dinfo.num_layers)
     lim = options.limits
-    verify_rows = lim.max_total_tokens + 1
+    verify_rows = lim.max_verify_tokens
     t_new = max(seq, verify_rows)
-    d_new = max(seq, lim.max_top_k, lim.max_depth + 2)
+    d_new = max(seq, lim.max_top_k, lim.max_context_rows)
     d_past = seq + lim.max_draft_rows
     target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.PAST_LEN: [0, seq - 1],
                    C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}
@@ -190,7 +284,12 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     tmp.chmod(0o755)
+    wbar = None
     try:
+        if lean:
+            # Bytes written, redrawn on a terminal only (a line per tensor would flood a log).
+            wbar = tqdm(total=weights_bytes, desc="weights", disable=not terminal_bars(progress), unit="B",
+                        unit_scale=True, unit_divisor=1024, leave=False)
         with torch.no_grad():
             steps.set_postfix_str("tracing target verify graph")
             b, t, p = 2, 3, 5
@@ -199,7 +298,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
                     for _ in range(2 * tinfo.num_layers)]
             _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
-                          tmp / f"{C.TARGET_GRAPH}.onnx")
+                          tmp / f"{C.TARGET_GRAPH}.onnx", sources, wbar)
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
@@ -208,7 +307,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
                      for _ in range(2 * dinfo.num_layers)]
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
-                          tmp / f"{C.DRAFT_GRAPH}.onnx")
+                          tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
             steps.update()
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:
@@ -225,6 +324,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
             versions=_versions(),
+            files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
         )
         # The manifest is written last: a directory without one is never mistaken for a finished export.
         manifest.write(tmp)
@@ -236,9 +336,12 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
+        if wbar is not None:
+            wbar.close()
         steps.close()
     assert (out_dir / MANIFEST_NAME).is_file()
-    return out_dir
+    return ExportReport(out_dir, lean, time.perf_counter() - t_start, peak_rss_bytes(), weights_bytes,
+                        sum(f.stat().st_size for f in out_dir.iterdir()))
 
 
 def _versions() -> dict[str, str]:

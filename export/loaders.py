@@ -78,8 +78,13 @@ def _as_list(x) -> list[int]:
     return [int(i) for i in (x if isinstance(x, (list, tuple)) else [x])]
 
 
-def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True) -> LoadedTarget:
-    """Load a target LLM from a Hugging Face directory (config.json + safetensors)."""
+def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: bool = True,
+                weights: bool = True) -> LoadedTarget:
+    """Load a target LLM from a Hugging Face directory (config.json + safetensors).
+
+    weights=False builds the model on the meta device from its config (no weight memory; the lean export
+    reads the checkpoint tensor by tensor later, export/weights.py).
+    """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"target: {path} is not a directory")
@@ -100,7 +105,14 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: 
     if not progress:
         hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+        else:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     except Exception as e:  # transformers raises many types; name the directory and its message
         raise CheckpointError(f"target: could not load {path}: {e}") from e
     finally:

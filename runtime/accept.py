@@ -49,7 +49,7 @@ def accept_greedy(tree: VerifyTree, target_argmax: np.ndarray) -> Accepted:
 
 
 def accept_sampling(tree: VerifyTree, probs, rng: np.random.Generator) -> Accepted:
-    """Recursive rejection over the tree (EAGLE's sampling acceptance, primer step 6).
+    """Recursive rejection over the tree (EAGLE's sampling acceptance).
 
     ``probs[i]`` is the target's processed distribution (``sampling.process_logits``) at tree node
     i: a [T, V] array, or a ``sampling.LazyProbs`` that processes only the rows this walk visits.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class EagleRuntime:
         # the caller's thread, under the lock; submit's scheduler thread takes the same lock while it has work.
         self.generator = Generator(manifest, backend, prefill_chunk, slots=max_batch)
         self._lock = _OwnedLock()
+        self.open_s: float | None = None  # set by open(): seconds it took
 
     @property
     def scheduler(self) -> Scheduler:
@@ -144,6 +146,7 @@ class EagleRuntime:
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
         ``submit``, at most the artifact's ``export --max-batch``).
         """
+        t0 = time.perf_counter()
         directory = Path(directory)
         manifest = load_manifest(directory)
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or not 1 <= max_batch <= manifest.max_batch:
@@ -167,7 +170,10 @@ class EagleRuntime:
                 raise GenerationError(f"max_batch {max_batch} is above the engines' --max-batch {built}: rebuild "
                                       f"with `eagle-export build {directory} --max-batch {max_batch}`")
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
-        return cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch)
+        rt = cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch)
+        rt.open_s = time.perf_counter() - t0  # load time: graphs on the backend, buffers, tokenizer
+        log.info("opened %s in %.1f s", directory, rt.open_s)
+        return rt
 
     # ---- text <-> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

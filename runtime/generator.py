@@ -56,6 +56,14 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
+def tau(accept_lengths: list[int]) -> float:
+    """Committed tokens per target forward (the accepted draft tokens of each round plus its bonus token), over
+    the rounds given; 0 without rounds. The one definition: stats, bench and the command line use it."""
+    if not accept_lengths:
+        return 0.0
+    return (sum(accept_lengths) + len(accept_lengths)) / len(accept_lengths)
+
+
 @dataclass
 class GenerationStats:
     rounds: int = 0  # target forwards after prefill (verify rounds, or decode steps with no draft)
@@ -70,9 +78,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Committed tokens per target forward, bonus token included."""
-        if not self.rounds:
-            return 0.0
-        return (sum(self.accept_lengths) + self.rounds) / self.rounds
+        return tau(self.accept_lengths)
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
@@ -145,13 +151,13 @@ class Generator:
         B = slots
         self.capacity = manifest.max_seq_len
         self.chunk = max(1, min(prefill_chunk, self.capacity))
-        self.verify_rows = verify_rows = lim.max_total_tokens + 1
-        ctx_rows = lim.max_depth + 2  # a context pass after a round: accepted path + bonus
+        self.verify_rows = verify_rows = lim.max_verify_tokens
+        ctx_rows = lim.max_context_rows  # a context pass after a round: accepted path + bonus
         K = lim.max_top_k
         t_rows = max(self.chunk, B * verify_rows)
         d_rows = max(self.chunk, B * max(K, ctx_rows))
         t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
-        d_slot = self.capacity + lim.max_draft_rows + lim.max_depth + 2
+        d_slot = self.capacity + lim.max_draft_rows + lim.max_context_rows
         self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, zeros=zeros,
                               slots=B)
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,

@@ -167,7 +167,7 @@ class EagleOracle:
         return x[0]
 
     def _eagle3_hidden(self, feats: torch.Tensor, tokens: list[int], fed: torch.Tensor | None) -> torch.Tensor:
-        """EAGLE-3, as the primer states it: h = fc(features) for context rows, the fed-back g as is;
+        """EAGLE-3 as the reference (SafeAILab EAGLE) has it: h = fc(features) for context rows, the fed-back g as is;
         q/k/v over concat[input_layernorm(embed), hidden_norm(h)], residual h, then the MLP block.
         Attention is transformers' own (eager ``LlamaAttention``) with an ordinary causal mask."""
         layer, opts = self.head.midlayer, self.head.opts

@@ -4,30 +4,37 @@ Implements ``runtime.backend.Backend``, as ``OrtBackend`` does; the generator (`
 buffer once through ``zeros`` and passes ``BufferView``s of them.
 
 Per graph: one deserialized engine and one execution context per optimisation profile (bound to its
-profile once, so picking a profile per call costs nothing). Per call:
+profile once, so picking a profile per call costs nothing); every context of both engines runs on one
+shared block of context memory. Per call:
 
-1. ``GraphBindings.plan`` (pure, unit-tested on CPU with fake addresses) reads the axis values off the
-   given shapes, checks them against the contract (dtypes, fixed dims, ``total_len = past_len +
-   new_tokens``, output shapes), picks the profile (``profiles.choose_profile``) and lists the
-   (tensor name, shape, address) bindings;
-2. small host inputs (ids, positions, mask, logit rows: numpy arrays) are copied into pinned host
-   buffers and then, asynchronously, into device staging buffers, all allocated once here;
-3. ``set_input_shape`` / ``set_tensor_address`` on the profile's context, ``execute_async_v3`` on the
-   backend's one stream, ordered after and before the caller's current torch stream with events (no
-   host synchronisation: the only host round trips are the small arrays the generator reads back).
+1. ``GraphBindings.plan`` (pure) reads the axis values off the given views, checks them against the
+   contract (dtypes, fixed dims, ``total_len = past_len + new_tokens``, output shapes), picks the profile
+   (``profiles.choose_profile``) and lists the (tensor name, shape, address) bindings; plans are cached per
+   call shape;
+2. small host inputs (ids, positions, mask, logit rows) are copied into pinned host buffers and then,
+   asynchronously, into device staging buffers, all allocated once here;
+3. the profile's context gets ``set_input_shape`` / ``set_tensor_address`` only for what changed since its
+   last call, then ``execute_async_v3`` on the backend's one stream, ordered after and before the caller's
+   current torch stream (no host synchronisation: the only host round trips are the small arrays the
+   generator reads back through ``to_host``).
 
-Addresses: TensorRT's API documentation asks for at least 256-byte aligned tensor addresses. The cache
-prefix views bound as ``past_*`` start at their buffer's base (aligned), but a ``present_*`` output
-bound to cache rows ``[past_len, past_len + T)`` is aligned only when ``past_len * row_bytes`` is a
-multiple of 256. Outputs whose rows are not a multiple of 256 bytes get a scratch buffer (allocated once,
-sized by the profiles); when the caller's address is unaligned, the engine writes there and the T new
-rows are copied into place on the same stream (a device copy of the new rows only, never the cache).
+Addresses: TensorRT's API documentation asks for at least 256-byte aligned tensor addresses. The
+generator's buffers are aligned (``zeros``) and it binds ``past_*`` at a buffer's row 0 and ``present_*``
+at row 0 of the new-rows scratch. For any other caller, outputs whose rows are not a multiple of 256 bytes
+have a scratch buffer (allocated once, sized by the profiles): an output at an unaligned address is written
+there and copied into place on the same stream.
+
+The hardware is behind one seam (``CudaMemory``: allocation, pinned memory, copies, streams, events, host
+reads) and the library behind another (``lib``); ``tools/testing/trt_emulator.py`` swaps both to run this class on
+a CPU.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +55,8 @@ from .views import BufferView, host_array, view_of
 log = logging.getLogger(__name__)
 
 TRT_ADDRESS_ALIGNMENT = 256
+RTX_SHAPE_STRATEGIES = ("none", "lazy", "eager")
+MAX_PLANS = 4096  # call plans kept per graph
 STAGED_DTYPES = ("int64", "int32", "bool")  # the small inputs the generator passes as host arrays
 
 
@@ -217,11 +226,14 @@ class GraphBindings:
 
 class CudaMemory:
     """Device allocation, streams and events on one CUDA device, through torch: the backend's one seam to the
-    hardware (the CPU emulator of ``tools/trt_emulator.py`` swaps in host memory and recorded streams)."""
+    hardware (the CPU emulator of ``tools/testing/trt_emulator.py`` swaps in host memory and recorded streams)."""
 
     def __init__(self, index: int):
         self.device = f"cuda:{index}"
         torch.cuda.set_device(index)
+        self.compute_capability = tuple(torch.cuda.get_device_capability(index))
+        cc = ".".join(map(str, self.compute_capability))
+        self.gpu_name = f"{torch.cuda.get_device_name(index)}, compute capability {cc}"
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=self.device)  # the caching allocator aligns to 512 bytes
@@ -235,6 +247,10 @@ class CudaMemory:
     def bytes_at(self, v: BufferView) -> torch.Tensor:
         """The bytes of a device view as a uint8 tensor (no copy), for the rare copies of unaligned views."""
         return torch.as_tensor(_CudaBytes(v), device=self.device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A copy queued on the current stream (inside ``on(stream)``: that stream)."""
+        dst.copy_(src, non_blocking=True)
 
     def stream(self):
         return torch.cuda.Stream(device=self.device)
@@ -284,12 +300,15 @@ def check_engines(directory: Path, manifest: Manifest) -> None:
 
 
 class _TrtGraph:
-    """One engine, its contexts (one per profile) and the buffers allocated once for its calls."""
+    """One engine, its contexts (one per profile, all on the backend's one block of context memory), the buffers
+    allocated once for its calls, and what each context has been given (so a call sets only what changed)."""
 
     def __init__(self, backend: TrtBackend, name: str, path: Path, spec: GraphSpec, profiles: list[Profile]):
         trt = backend.lib.module
         mem = backend.mem
         self.name = name
+        self.path = path
+        self.profiles = profiles
         data = path.read_bytes()
         backend.logger.reset()
         engine = backend.runtime.deserialize_cuda_engine(data)
@@ -305,14 +324,9 @@ class _TrtGraph:
         if engine.num_optimization_profiles != len(profiles):
             raise EngineError(f"engine {path} has {engine.num_optimization_profiles} profiles, its manifest lists "
                               f"{len(profiles)}: rebuild it")
-        stream = backend.stream.cuda_stream
-        self.contexts = []
-        for i in range(len(profiles)):
-            ctx = engine.create_execution_context()
-            if ctx is None or not ctx.set_optimization_profile_async(i, stream):
-                raise EngineError(f"could not create an execution context for profile {i} of {path}: "
-                                  + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
-            self.contexts.append(ctx)
+        self.memory_needed = max(engine.get_device_memory_size_for_profile_v2(i) for i in range(len(profiles)))
+        self.runtime_cache = None
+        self.contexts: list = []
         staging_layout, scratch_layout = buffer_layout(spec, profiles)
         nbytes = lambda dt, k: k * DTYPES[dt].itemsize  # noqa: E731
         # Staging and scratch buffers hold bytes: copies into and out of them never need the element type.
@@ -328,20 +342,64 @@ class _TrtGraph:
             scratch={n: Buffer(t.data_ptr(), t.numel()) for n, t in self.scratch.items()},
             is_device=mem.is_device,
         )
+        self.plans: dict[tuple, CallPlan] = {}  # per call shape (see TrtBackend.run)
+        self.shapes: list[dict[str, tuple[int, ...]]] = [{} for _ in profiles]  # per context: what it was given
+        self.addresses: list[dict[str, int]] = [{} for _ in profiles]
+        self.checked: list[set[tuple]] = [set() for _ in profiles]  # plans whose output shapes it confirmed
+
+    def create_contexts(self, backend: TrtBackend, memory: int, size: int) -> None:
+        """One context per profile, each bound to its profile once, all on the same context memory (calls run one
+        at a time on the backend's one stream, so they never use it together)."""
+        trt = backend.lib.module
+        user_managed = trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        config = None
+        if backend.lib.is_rtx:
+            config = self.engine.create_runtime_config()
+            config.set_execution_context_allocation_strategy(user_managed)
+            config.dynamic_shapes_kernel_specialization_strategy = getattr(
+                trt.DynamicShapesKernelSpecializationStrategy, backend.rtx_shape_strategy.upper())
+            self.runtime_cache = config.create_runtime_cache()
+            blob_path = backend.runtime_cache_path(self)
+            if blob_path is not None and blob_path.is_file():
+                if not self.runtime_cache.deserialize(blob_path.read_bytes()):
+                    log.info("runtime cache %s does not match this GPU/driver/TensorRT-RTX: starting empty", blob_path)
+            config.set_runtime_cache(self.runtime_cache)
+        stream = backend.stream.cuda_stream
+        for i in range(len(self.profiles)):
+            ctx = (self.engine.create_execution_context(config) if config is not None
+                   else self.engine.create_execution_context(user_managed))
+            if ctx is None:
+                raise EngineError(f"could not create an execution context for profile {i} of {self.path}: "
+                                  + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
+            ctx.set_device_memory(memory, size)
+            if not ctx.set_optimization_profile_async(i, stream):
+                raise EngineError(f"could not set profile {i} of {self.path} on its execution context: "
+                                  + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
+            self.contexts.append(ctx)
 
 
 class TrtBackend:
     """Target and draft engines on one CUDA device. Implements ``runtime.backend.Backend``.
 
     ``lib`` and ``mem`` are the seams to TensorRT and to the device: by default the library the engines were
-    built with and ``CudaMemory``; the CPU emulator (``tools/trt_emulator.py``) passes stand-ins for both.
+    built with and ``CudaMemory``; the CPU emulator (``tools/testing/trt_emulator.py``) passes stand-ins for both.
+
+    debug_sync: synchronise after every call, so that a device fault is reported as an EngineError naming the
+    graph and profile (default: the ``EAGLE_EXPORT_TRT_DEBUG_SYNC`` environment variable; costs a host round
+    trip per call). rtx_shape_strategy (TensorRT-RTX): how its JIT specialises kernels to shapes: "none" (the
+    default: generic kernels, no compilation per shape; the loop's cache length changes every call), "lazy"
+    (TensorRT-RTX's default: compiles each new shape in the background) or "eager" (compiles it before the
+    call). runtime_cache_dir (TensorRT-RTX): where the JIT's runtime cache is kept between processes (default:
+    next to the engines; ``save_runtime_cache`` writes it, and so does closing the process).
     """
 
     name = "tensorrt"
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
 
-    def __init__(self, directory: Path, manifest: Manifest, device: int | None = None, *, lib=None, mem=None):
+    def __init__(self, directory: Path, manifest: Manifest, device: int | None = None, *, lib=None, mem=None,
+                 debug_sync: bool | None = None, rtx_shape_strategy: str = "none",
+                 runtime_cache_dir: Path | None = None):
         directory = Path(directory)
         check_engines(directory, manifest)
         info = manifest.engines
@@ -353,17 +411,28 @@ class TrtBackend:
                     "run on a machine with a GPU, its driver and a CUDA build of torch"
                 )
             mem = CudaMemory(torch.cuda.current_device() if device is None else device)
+        from eagle_export.engines.libs import cannot_run, load_lib, make_logger
+
+        why = cannot_run(info.lib, mem.compute_capability)
+        if why is not None:
+            other = "tensorrt" if info.lib == "tensorrt_rtx" else "tensorrt_rtx"
+            raise EngineError(f"the engines in {directory} were built with {info.lib} {info.lib_version}, which cannot "
+                              f"run on this GPU ({mem.gpu_name}): {why}. Rebuild them here with "
+                              f"`eagle-export build {directory} --engine-lib {other.replace('_', '-')}`")
         if lib is None:
-            from eagle_export.engines.libs import load_lib
-
             lib = load_lib(info.lib)
-        from eagle_export.engines.libs import make_logger
-
         self.lib = lib
         if self.lib.version != info.lib_version:
             raise EngineError(f"the engines in {directory} were built with {info.lib} {info.lib_version}, but "
                               f"{self.lib.label} is installed: install that version or rebuild with "
                               f"`eagle-export build {directory}`")
+        if rtx_shape_strategy not in RTX_SHAPE_STRATEGIES:
+            raise EngineError(f"rtx_shape_strategy {rtx_shape_strategy!r} is not one of {RTX_SHAPE_STRATEGIES}")
+        if debug_sync is None:
+            debug_sync = os.environ.get("EAGLE_EXPORT_TRT_DEBUG_SYNC", "") not in ("", "0")
+        self.debug_sync = debug_sync
+        self.rtx_shape_strategy = rtx_shape_strategy
+        self.runtime_cache_dir = Path(runtime_cache_dir) if runtime_cache_dir is not None else directory
         self.mem = mem
         self.device = mem.device
         self.max_prefill = int(info.options["max_prefill"])
@@ -375,7 +444,22 @@ class TrtBackend:
             name: _TrtGraph(self, name, directory / info.graphs[name].file, g.spec, profiles_of(manifest, name))
             for name, g in manifest.graphs.items()
         }
+        # One block of context (activation) memory for every context of both engines: they run one at a time.
+        size = max(g.memory_needed for g in self.graphs.values())
+        self.context_memory = mem.zeros((max(size, 1),), torch.uint8)
+        for g in self.graphs.values():
+            g.create_contexts(self, self.context_memory.data_ptr(), size)
         self.stream.synchronize()
+        if self.lib.is_rtx:
+            weakref.finalize(self, _save_runtime_caches, [(g.runtime_cache, self.runtime_cache_path(g))
+                                                          for g in self.graphs.values()])
+
+    def runtime_cache_path(self, g: _TrtGraph) -> Path | None:
+        return self.runtime_cache_dir / (g.path.name + ".runtime_cache")
+
+    def save_runtime_cache(self) -> None:
+        """Write TensorRT-RTX's runtime caches (the kernels its JIT compiled), so the next process reuses them."""
+        _save_runtime_caches([(g.runtime_cache, self.runtime_cache_path(g)) for g in self.graphs.values()])
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return self.mem.zeros(shape, dtype)
@@ -397,51 +481,103 @@ class TrtBackend:
     def _stage(self, g: _TrtGraph, b: Binding, x: BufferView) -> None:
         n = x.nbytes
         if b.stage == "d2d":
-            g.staging[b.name][:n].copy_(self.mem.bytes_at(x))
+            self.mem.copy(g.staging[b.name][:n], self.mem.bytes_at(x))
             return
         if g.h2d_pending:  # the pinned buffers may still feed the previous call's copies
             g.h2d_done.synchronize()
             g.h2d_pending = False
         np.copyto(g.pinned_np[b.name][:n], host_array(x._replace(dtype="uint8", shape=(n,))))
-        g.staging[b.name][:n].copy_(g.pinned[b.name][:n], non_blocking=True)
+        self.mem.copy(g.staging[b.name][:n], g.pinned[b.name][:n])
+
+    def _plan(self, g: _TrtGraph, inputs: dict, outputs: dict) -> tuple[CallPlan, tuple]:
+        """The call's plan, made once per call shape: every view's dtype, shape, device and alignment (what the
+        planner's decisions depend on). Direct bindings take the view's current address at each call."""
+        key = (tuple((n, v[1], v[2], v[3], v[0] % TRT_ADDRESS_ALIGNMENT == 0) for n, v in inputs.items()),
+               tuple((n, v[1], v[2], v[3], v[0] % TRT_ADDRESS_ALIGNMENT == 0) for n, v in outputs.items()))
+        plan = g.plans.get(key)
+        if plan is None:
+            plan = g.planner.plan(inputs, outputs)
+            if len(g.plans) >= MAX_PLANS:  # bounded: a long session meets one shape per cache length
+                g.plans.clear()
+            g.plans[key] = plan
+        return plan, key
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
+        """Plan (cached per call shape), stage host inputs, give the profile's context only the shapes and
+        addresses that changed since its last call, and enqueue; the caller's stream waits for the work."""
         g = self.graphs[graph]
-        inputs = {n: view_of(x) for n, x in inputs.items()}
-        outputs = {n: view_of(x) for n, x in outputs.items()}
-        plan = g.planner.plan(inputs, outputs)
-        ctx = g.contexts[plan.profile]
-        mem = self.mem
-        caller = mem.current_stream()
-        s = self.stream
-        s.wait_stream(caller)
-        with mem.on(s):
-            staged = False
-            try:
-                for b in plan.inputs:
-                    if b.stage is not None:
-                        staged = staged or b.stage == "h2d"
-                        self._stage(g, b, inputs[b.name])
-                    if not ctx.set_input_shape(b.name, b.shape):
-                        raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {b.name} "
-                                          f"(profile {plan.profile}): " + "; ".join(self.logger.errors))
-                    ctx.set_tensor_address(b.name, b.address)
-            finally:
-                if staged:  # recorded even when a later input failed: the next call waits for these copies
-                    g.h2d_done.record(s)
-                    g.h2d_pending = True
+        inputs = {n: x if type(x) is BufferView else view_of(x) for n, x in inputs.items()}
+        outputs = {n: x if type(x) is BufferView else view_of(x) for n, x in outputs.items()}
+        plan, key = self._plan(g, inputs, outputs)
+        caller = self.mem.current_stream()
+        self.stream.wait_stream(caller)
+        try:
+            with self.mem.on(self.stream):
+                self._enqueue(g, plan, key, inputs, outputs)
+        finally:  # even after an error: work the caller queues next comes after this call's copies
+            caller.wait_stream(self.stream)
+
+    def _enqueue(self, g: _TrtGraph, plan: CallPlan, key: tuple, inputs: dict, outputs: dict) -> None:
+        """Stage, give the profile's context what changed, execute on the backend's stream (and, with debug_sync,
+        wait for it), queue the copies of outputs bound through scratch."""
+        graph, p, s, mem = g.name, plan.profile, self.stream, self.mem
+        ctx, shapes, addresses = g.contexts[p], g.shapes[p], g.addresses[p]
+        staged = False
+        try:
+            for b in plan.inputs:
+                name = b.name
+                if b.stage is not None:
+                    staged = staged or b.stage == "h2d"
+                    self._stage(g, b, inputs[name])
+                    address = b.address
+                else:
+                    address = inputs[name][0]
+                if shapes.get(name) != b.shape:
+                    if not ctx.set_input_shape(name, b.shape):
+                        shapes.pop(name, None)
+                        raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {name} "
+                                          f"(profile {p}): " + "; ".join(self.logger.errors))
+                    shapes[name] = b.shape
+                if addresses.get(name) != address:
+                    ctx.set_tensor_address(name, address)
+                    addresses[name] = address
+        finally:
+            if staged:  # recorded even when a later input failed: the next call waits for these copies
+                g.h2d_done.record(s)
+                g.h2d_pending = True
+        if key not in g.checked[p]:
             for b in plan.outputs:
                 got = tuple(ctx.get_tensor_shape(b.name))
                 if got != b.shape:
-                    raise EngineError(f"{graph}: the engine computes {b.name} as {list(got)}, the caller's buffer is "
-                                      f"{list(b.shape)}")
-                ctx.set_tensor_address(b.name, b.address)
-            self.logger.reset()
-            if not ctx.execute_async_v3(s.cuda_stream):
-                raise EngineError(f"{graph}: TensorRT execution failed (profile {plan.profile}): "
-                                  + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
-            for b in plan.outputs:
-                if b.copy_back:
-                    v = outputs[b.name]
-                    mem.bytes_at(v).copy_(g.scratch[b.name][:v.nbytes])
-        caller.wait_stream(s)
+                    raise EngineError(f"{graph}: the engine computes {b.name} as {list(got)}, the caller's buffer "
+                                      f"is {list(b.shape)}")
+            g.checked[p].add(key)
+        for b in plan.outputs:
+            address = b.address if b.copy_back else outputs[b.name][0]
+            if addresses.get(b.name) != address:
+                ctx.set_tensor_address(b.name, address)
+                addresses[b.name] = address
+        self.logger.reset()
+        if not ctx.execute_async_v3(s.cuda_stream):
+            raise EngineError(f"{graph}: TensorRT execution failed (profile {p}): "
+                              + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
+        if self.debug_sync:
+            try:
+                s.synchronize()
+            except Exception as e:  # a CUDA fault: name the call it came from
+                raise EngineError(f"{graph}: the call failed on the device (profile {p}, "
+                                  f"{g.profiles[p].name}; axes {plan.axes}): {e}") from e
+        for b in plan.outputs:
+            if b.copy_back:
+                v = outputs[b.name]
+                mem.copy(mem.bytes_at(v), g.scratch[b.name][:v.nbytes])
+
+
+def _save_runtime_caches(caches: list[tuple[object, Path | None]]) -> None:
+    for cache, path in caches:
+        if cache is None or path is None:
+            continue
+        try:
+            path.write_bytes(bytes(cache.serialize()))
+        except Exception as e:  # a read-only artifact, or TensorRT torn down at exit: the next process compiles again
+            log.warning("could not write the TensorRT-RTX runtime cache %s: %s", path, e)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_target
 
 MARGIN = 24.0  # logit of the table's next token; every other token's is below about 0.5 * MARGIN
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeLimits
 
 # Tests never download: a name that is no local path (a repo id for --target/--draft) stays on the local hub cache.
@@ -40,7 +40,7 @@ class ModelFactory:
                  feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
                  head: tuple = (), max_batch: int = 1, **target_overrides) -> tuple[Path, Path, Path]:
         """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's).
-        head: extra (name, value) keywords for the head writer (format layouts and variants, tools/tiny_models).
+        head: extra (name, value) keywords for the head writer (layouts, variants: tools/testing/tiny_models).
         max_batch: the artifact's batch range (export --max-batch)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
                limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, head, max_batch,
@@ -93,25 +93,45 @@ class EngineFactory:
         self._cache: dict[tuple, Path] = {}
         self.build_seconds: dict[tuple, float] = {}
 
-    def sources(self, dtype: str = "fp32") -> tuple[Path, Path, Path]:
-        """(target, draft, artifact without engines)."""
+    def sources(self, dtype: str = "fp32", eagle3: bool = False) -> tuple[Path, Path, Path]:
+        """(target, draft, artifact without engines). eagle3: an EAGLE-3 head on a 3-layer GQA target (the
+        reference's feature layers need 3)."""
+        if eagle3:
+            return self.models(dtype=dtype, **{**ENGINE_MODEL, "preset": "gqa"}, eagle3=True, draft_vocab=32)
         return self.models(dtype=dtype, **ENGINE_MODEL)
 
-    def artifact(self, dtype: str = "fp32") -> Path:
-        return self.sources(dtype)[2]
+    def artifact(self, dtype: str = "fp32", eagle3: bool = False) -> Path:
+        return self.sources(dtype, eagle3)[2]
 
-    def __call__(self, dtype: str = "fp32") -> Path:
+    def __call__(self, dtype: str = "fp32", max_prefill: int | None = None, eagle3: bool = False) -> Path:
         import shutil
         import time
 
         from eagle_export.engines.builder import BuildOptions, build_engines
 
-        key = (dtype,)
+        key = (dtype,) if max_prefill is None and not eagle3 else (dtype, max_prefill, eagle3)
         if key not in self._cache:
-            art = shutil.copytree(self.artifact(dtype), self.root / f"engines_{dtype}")
+            name = "_".join(["engines", dtype, *([f"p{max_prefill}"] if max_prefill else []),
+                             *(["e3"] if eagle3 else [])])
+            art = shutil.copytree(self.artifact(dtype, eagle3), self.root / name)
             t0 = time.perf_counter()
-            build_engines(art, BuildOptions(engine_lib="tensorrt-rtx"), progress=False)
+            build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=max_prefill), progress=False)
             self.build_seconds[key] = time.perf_counter() - t0
+            self._cache[key] = art
+        return self._cache[key]
+
+
+    def for_this_gpu(self, dtype: str = "fp32") -> Path:
+        """Engines built with ``--engine-lib auto``, which takes a library that can run on the GPU present (CI's
+        TensorRT-RTX engines cannot run on a data-centre GPU such as an H200)."""
+        import shutil
+
+        from eagle_export.engines.builder import BuildOptions, build_engines
+
+        key = (dtype, "gpu")
+        if key not in self._cache:
+            art = shutil.copytree(self.artifact(dtype), self.root / f"engines_{dtype}_gpu")
+            build_engines(art, BuildOptions(engine_lib="auto"), progress=False)
             self._cache[key] = art
         return self._cache[key]
 
@@ -135,7 +155,7 @@ def bigram(tmp_path_factory):
     from bigram import make_bigram_pair
     from transformers import AutoTokenizer
 
-    from eagle_export.tools.tiny_models import make_tiny_tokenizer
+    from eagle_export.tools.testing.tiny_models import make_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("bigram")
     tok = make_tiny_tokenizer(root / "tok", 384)

@@ -14,7 +14,7 @@ EAGLE3_MODELS: dict[str, tuple[str, dict]] = {
     "mistral-narrow": ("mistral", dict(eagle3=True, draft_hidden=32, own_embedding="random")),
 }
 
-# Every published head format and variant (checkpoint-formats.md), written by tools/tiny_models from the document:
+# Every published head format and variant (checkpoint-formats.md), as tools/testing/tiny_models writes them:
 # name -> (target preset, ModelFactory keywords, detected format, feature layers as inputs of target layers).
 # Targets with 8 layers give the three default layers distinct values (2, 4, 5).
 FORMAT_MODELS: dict[str, tuple[str, dict, str, list[int] | None]] = {

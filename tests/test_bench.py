@@ -1,4 +1,4 @@
-"""`eagle-export bench` / tools/bench.py: EAGLE against --no-draft side by side, the JSON report's fields and
+"""`eagle-export bench` / tools/commands/bench.py: EAGLE against --no-draft side by side, the JSON report's fields and
 ranges, prompts files (text and ids lines, malformed lines named by number), the optional --plot."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from cli_run import cli, fail
 
 from eagle_export import contract as C
 from eagle_export.runtime.backend import Backend
-from eagle_export.tools.bench import TimingBackend, bench, n_alpha
+from eagle_export.tools.commands.bench import TimingBackend, bench, n_alpha
 from eagle_export.tools.demo import FIXTURE
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures

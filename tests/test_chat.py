@@ -18,7 +18,7 @@ from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.manifest import load_manifest
 from eagle_export.prompts import PromptFileError, read_prompts
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.tiny_models import TINY_CHAT_TEMPLATE
+from eagle_export.tools.testing.tiny_models import TINY_CHAT_TEMPLATE
 
 TEXT = "hello there"
 TURNS = [{"role": "user", "content": "def main():"}, {"role": "assistant", "content": "pass"},

@@ -2,7 +2,7 @@
 
 - the target's `features` are the inputs of decoder layers 2, L//2, L-3 (transformers' hidden_states[i]),
   concatenated; `--feature-layers` serves a head trained on another choice;
-- the exported draft graph computes the primer's EAGLE-3 head, written out here from the checkpoint
+- the exported draft graph computes the reference's EAGLE-3 head, written out here from the checkpoint
   tensors in plain torch (float64): fc only on target features, the head's own output g fed back
   unchanged on the next step, q/k/v over [input_layernorm(embed), hidden_norm(h)], residual h, own
   norm + lm_head over the draft vocabulary, ids mapped by target_id = draft_id + d2t[draft_id].
@@ -72,7 +72,7 @@ def test_feature_layers_option_serves_another_choice(models):
     assert np.abs(got - torch.cat([hs[1], hs[0]], -1).numpy()).max() < TOL
 
 
-# ---- the head, written out from the primer ---------------------------------------------------------
+# ---- the head, written out from the reference ---------------------------------------------------------
 
 
 def rms(x, w, eps):
@@ -130,7 +130,7 @@ class PrimerHead:
 
 
 @pytest.mark.parametrize("name", ["llama-d2t", "mistral-narrow"])
-def test_draft_graph_computes_the_primer_head(models, name):
+def test_draft_graph_computes_the_reference_head(models, name):
     """Context pass over target features, then three steps feeding the head's own output back (as a chain)."""
     preset, kw = EAGLE3_MODELS[name]
     target_dir, draft_dir, art = models(preset, **kw)

@@ -58,3 +58,23 @@ def test_neither_installed(monkeypatch):
 def test_unknown_choice():
     with pytest.raises(EngineError, match="engine library 'trt' is not one of: auto, tensorrt, tensorrt-rtx"):
         load_lib("trt")
+
+
+def test_auto_skips_a_library_that_cannot_run_on_the_gpu(monkeypatch):
+    """On a Hopper GPU (9.0) TensorRT-RTX cannot run engines: auto must not pick it, even if it is all there is."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    assert load_lib("auto", capability=(8, 9)).name == "tensorrt_rtx"  # an RTX 40xx
+    assert load_lib("auto", capability=(12, 0)).name == "tensorrt_rtx"  # an RTX 50xx
+    with pytest.raises(EngineError) as info:
+        load_lib("auto", capability=(9, 0))
+    assert "tensorrt_rtx cannot run on compute capability 9.0" in str(info.value)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_module("tensorrt", "10.13.3.9"))
+    assert load_lib("auto", capability=(9, 0)).name == "tensorrt"
+
+
+def test_cannot_run():
+    from eagle_export.engines.libs import cannot_run
+
+    assert cannot_run("tensorrt", (9, 0)) is None and cannot_run("tensorrt", (7, 0)) is not None
+    assert cannot_run("tensorrt_rtx", (8, 6)) is None and cannot_run("tensorrt_rtx", (12, 0)) is None
+    assert "data-centre" in cannot_run("tensorrt_rtx", (9, 0)) and cannot_run("tensorrt_rtx", (10, 0))

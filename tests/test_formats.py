@@ -1,8 +1,8 @@
 """Every published EAGLE head format loads, detected from its files alone, and exports the document's math.
 
-The heads are written by tools/tiny_models from checkpoint-formats.md (not through the loader). ``DocHead`` below
-is each format's forward written in plain torch (float64) straight from the document: it reads the raw files
-with the format's own key names and config keys, and shares no code with export/modules.py or the loader.
+The heads are written by tools/testing/tiny_models from checkpoint-formats.md (not through the loader).
+``DocHead`` below is each format's forward written in plain torch (float64) straight from the document: it reads
+the raw files with the format's own key names and config keys, and shares no code with export/modules.py or the loader.
 Per format and variant (tests/model_table.FORMAT_MODELS): the detected format and the feature layers (inputs of
 target layers) in the manifest; the exported draft graph equals DocHead to 1e-4 over a context pass and three
 fed-back steps; greedy EAGLE equals transformers' generate (8 prompts x 64 tokens); where the checkpoint names
@@ -33,7 +33,7 @@ from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.oracle import EagleOracle, compare_with_oracle
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeParams
 
 TOL = 1e-4

@@ -1,5 +1,5 @@
-"""tools/kv_layout_bench: the whole-capacity binding with a mask computes what the runtime's prefix binding does
-(its timings are for reading, not asserted)."""
+"""tools/commands/kv_layout_bench: the whole-capacity binding with a mask computes what the runtime's prefix
+binding does (its timings are for reading, not asserted)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from eagle_export.errors import EagleExportError
-from eagle_export.tools.kv_layout_bench import format_rows, main, measure
+from eagle_export.tools.commands.kv_layout_bench import format_rows, main, measure
 
 
 def test_both_designs_give_the_same_logits(models):

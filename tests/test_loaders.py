@@ -26,7 +26,7 @@ from eagle_export.export.loaders import (
 )
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.tiny_models import make_tiny_target
+from eagle_export.tools.testing.tiny_models import make_tiny_target
 from eagle_export.tree_params import TreeLimits
 
 INV_FREQ = "layers.0.self_attn.rotary_emb.inv_freq"

@@ -148,12 +148,12 @@ def interrupt_second_graph(monkeypatch, exc: BaseException) -> list[str]:
     calls: list[str] = []
     real = exporter._export_graph
 
-    def flaky(module, args, spec, path):
+    def flaky(module, args, spec, path, *lean):
         calls.append(spec.name)
         if len(calls) == 2:
             path.write_bytes(b"half a graph")  # a partly written file, as a real interruption leaves
             raise exc
-        real(module, args, spec, path)
+        real(module, args, spec, path, *lean)
 
     monkeypatch.setattr(exporter, "_export_graph", flaky)
     return calls

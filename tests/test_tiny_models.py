@@ -1,4 +1,4 @@
-"""Tests for eagle_export.tools.tiny_models (tiny random target / draft / tokenizer)."""
+"""Tests for eagle_export.tools.testing.tiny_models (tiny random target / draft / tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle_export.tools import tiny_models as tm
+from eagle_export.tools.testing import tiny_models as tm
 
 
 def _load_draft(d):

@@ -1,6 +1,6 @@
 """The fixture recipe's training-time test matches the exported draft's own forward, step by step.
 
-If the unrolled training forward (tools/train_heads.ttt_forward) attended to other keys, used other positions or
+If the unrolled training forward (tools/recipe/train_heads.ttt_forward) attended to other keys, used other positions or
 fed other inputs than the draft step graph does at inference, the heads would be trained for a different model
 than the one that runs; these tests pin it to Eagle1Head/Eagle3Head.forward_hidden on random tiny heads.
 """
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from eagle_export.export.loaders import default_feature_layers, load_draft_head, load_target
-from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
-from eagle_export.tools.train_heads import _draft_vocab, chain_figures, ttt_forward
+from eagle_export.tools.recipe.train_heads import _draft_vocab, chain_figures, ttt_forward
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 
 
 @pytest.fixture(scope="module")

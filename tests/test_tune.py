@@ -1,5 +1,5 @@
-"""`eagle-export tune` / tools/tune.py: the grid, its filtering and refinement, every setting lossless, the winner
-written into the manifest (which still loads, everything else unchanged), --dry-run, lossy settings refused, and
+"""`eagle-export tune` / tools/commands/tune.py: the grid, its filtering and refinement, every setting lossless, the
+winner written into the manifest (which still loads, everything else unchanged), --dry-run, lossy settings refused, and
 bad grids answered with one clear line. No timing assertions: which setting wins on a noisy machine is not fixed."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from cli_run import cli, fail
 from eagle_export.errors import GenerationError
 from eagle_export.manifest import MANIFEST_NAME, Manifest, TunedInfo, load_manifest
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools import tune as T
+from eagle_export.tools.commands import tune as T
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures

@@ -2,7 +2,7 @@
 
     python -m eagle_export.tools.demo [--workdir demo] [--max-new-tokens 64] [--heads eagle1,eagle3]
 
-The fixture (``fixture/``, made by ``tools/make_fixture.py``) is a small trained code model with a trained
+The fixture (``fixture/``, made by ``tools/recipe/make_fixture.py``) is a small trained code model with a trained
 EAGLE-1/2 head and a trained EAGLE-3 head. For each head the demo exports an artifact (once, into
 WORKDIR/<head>) with the tree that ``eagle-export tune`` picked on a 2-core CPU (``fixture/tree.json``), prints
 one EAGLE completion, then runs ``eagle-export bench``'s measurement on the fixture's prompt set: EAGLE and
@@ -22,7 +22,7 @@ from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.manifest import MANIFEST_NAME
 from eagle_export.prompts import read_prompts
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.bench import bench
+from eagle_export.tools.commands.bench import bench
 from eagle_export.tree_params import TreeParams
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixture"

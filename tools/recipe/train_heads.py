@@ -166,8 +166,7 @@ def _init_head(work: Path, variant: str, target, draft_ids: torch.Tensor | None,
     from safetensors.torch import load_file
 
     from eagle_export.export.loaders import load_draft_head
-
-    from .tiny_models import _write_head, make_tiny_draft, make_tiny_eagle3_draft
+    from eagle_export.tools.testing.tiny_models import _write_head, make_tiny_draft, make_tiny_eagle3_draft
 
     out = work / variant
     tdir = work / "target"
@@ -194,7 +193,7 @@ def _save_head(head, out: Path) -> None:
 
     from safetensors.torch import load_file
 
-    from .tiny_models import _write_head
+    from eagle_export.tools.testing.tiny_models import _write_head
 
     tensors = load_file(str(out / "model.safetensors"))
     state = head.state_dict()

@@ -1,6 +1,6 @@
 """`eagle-export bench --concurrency N`: many requests on one batched runtime, EAGLE against batched `--no-draft`.
 
-    from eagle_export.tools.bench_concurrency import bench_concurrency
+    from eagle_export.tools.commands.bench_concurrency import bench_concurrency
     report = bench_concurrency("artifacts/tiny", concurrency=[1, 2, 4], requests=8, threads=2)
     print(report.format())            # or json.dumps(report.to_dict())
 

@@ -1,11 +1,11 @@
 """`eagle-export tune`: measure EAGLE over a grid of tree settings on this backend and machine, pick the best.
 
-    from eagle_export.tools.tune import tune, write_winner
+    from eagle_export.tools.commands.tune import tune, write_winner
     report = tune("artifacts/tiny", max_new_tokens=32, threads=1)
     print(report.format())            # or json.dumps(report.to_dict())
     write_winner("artifacts/tiny", report)   # tree_defaults <- the winner, plus a `tuned` record
 
-It runs on bench's measuring core (tools/bench.py ``PairedSession``): one runtime, opened once, with the timing
+It runs on bench's measuring core (tools/commands/bench.py ``PairedSession``): one runtime, opened once, with the timing
 proxy; for every tree setting and every prompt one greedy EAGLE generation and one greedy no-draft generation run
 one right after the other (alternating which goes first), EOS ignored. So each setting's speedup is a median of
 side-by-side ratios, comparable across settings measured minutes apart on a drifting machine, while absolute
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eagle_export.errors import EagleExportError
-from eagle_export.tools.bench import (
+from eagle_export.tools.commands.bench import (
     PairedSession,
     PromptRow,
     PromptSpec,

@@ -117,7 +117,7 @@ def target_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, Order
     """Target verify inputs: prefill, tree verify (random trees), decode; cache 0, mid and near capacity."""
     t, S = m.target, m.max_seq_len
     tree_n = m.tree_defaults.total_tokens + 1
-    max_n = m.tree_limits.max_total_tokens + 1
+    max_n = m.tree_limits.max_verify_tokens
     mid = min(S - 2, 11)
     cases = []
 

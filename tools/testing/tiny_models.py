@@ -7,7 +7,7 @@ greedy decisions have clear margins instead of the near-ties that the default 0.
 
 CLI::
 
-    python -m eagle_export.tools.tiny_models --out DIR [--preset mha] [--seed 0] [--fc-bias/--no-fc-bias]
+    python -m eagle_export.tools.testing.tiny_models --out DIR [--preset mha] [--seed 0] [--fc-bias/--no-fc-bias]
 
 writes DIR/target (HF model of the preset's family + tokenizer) and DIR/draft (EAGLE-1/2 head in the
 published layout; ``--eagle3`` for an EAGLE-3 head, ``--draft-vocab-size`` for a smaller draft vocabulary).

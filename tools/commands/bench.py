@@ -1,6 +1,6 @@
 """`eagle-export bench`: EAGLE against `--no-draft` on the same runtime, side by side in one run.
 
-    from eagle_export.tools.bench import bench
+    from eagle_export.tools.commands.bench import bench
     report = bench("artifacts/tiny", max_new_tokens=64, threads=1)
     print(report.format())            # or json.dumps(report.to_dict())
 
@@ -34,6 +34,7 @@ from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
 from eagle_export.runtime.backend import Backend
+from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
@@ -266,7 +267,7 @@ def check_run_settings(max_new_tokens, threads) -> None:
 
 class PairedSession:
     """One opened runtime with the timing proxy installed and the prompts resolved to ids: the measuring core
-    shared by ``bench`` and ``tune`` (tools/tune.py).
+    shared by ``bench`` and ``tune`` (tools/commands/tune.py).
 
         with PairedSession(artifact, prompts=None, backend="ort", threads=1) as s:
             s.warm_up(tree, max_new_tokens)
@@ -336,7 +337,7 @@ class PairedSession:
             host = max(e.decode_s - e.draft_s - e.target_s, 0.0)
             rows.append(PromptRow(
                 spec.source, len(ids), len(e.tokens),
-                (sum(e.accept_lengths) + e.rounds) / e.rounds if e.rounds else 0.0, e.rounds,
+                tau(e.accept_lengths), e.rounds,
                 e.tok_s, n.tok_s, e.tok_s / max(n.tok_s, 1e-12), e.tokens == n.tokens,
                 e.decode_s, e.draft_s, e.target_s, host, e.accept_lengths))
             if log is not None:
@@ -347,8 +348,7 @@ class PairedSession:
 
 def tau_of(rows: list[PromptRow]) -> float:
     """Committed tokens per target forward (bonus included) over every EAGLE round of the rows."""
-    acc = [a for r in rows for a in r.accept_lengths]
-    return (sum(acc) + len(acc)) / len(acc) if acc else 0.0
+    return tau([a for r in rows for a in r.accept_lengths])
 
 
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,

@@ -1,6 +1,7 @@
-"""Measure the two KV-cache designs of docs/design.md on one artifact's target verify graph.
+"""Measure the two KV-cache designs (docs/runtime.md, "Why BSHD plus prefix views") on one artifact's target
+verify graph.
 
-    python -m eagle_export.tools.kv_layout_bench ARTIFACT [--tokens 8] [--past 32,128,512] [--repeats 40]
+    python -m eagle_export.tools.commands.kv_layout_bench ARTIFACT [--tokens 8] [--past 32,128,512] [--repeats 40]
 
 The runtime binds the valid prefix of each cache buffer (``past_len`` = committed rows): attention
 follows the real length, but every call rebinds 2 x layers ``past_*`` views, because their length
@@ -94,8 +95,8 @@ def measure(artifact: str | Path, tokens: int = 8, pasts: tuple[int, ...] = (32,
     """(capacity, one LayoutRow per past length) on ONNX Runtime."""
     rt = EagleRuntime.open(artifact, threads=threads)
     gen, capacity = rt.generator, rt.manifest.max_seq_len
-    if not 1 <= tokens <= rt.manifest.tree_limits.max_total_tokens + 1:
-        raise EagleExportError(f"--tokens must be in 1..{rt.manifest.tree_limits.max_total_tokens + 1}, got {tokens}")
+    if not 1 <= tokens <= rt.manifest.tree_limits.max_verify_tokens:
+        raise EagleExportError(f"--tokens must be in 1..{rt.manifest.tree_limits.max_verify_tokens}, got {tokens}")
     bad = [p for p in pasts if not 1 <= p < capacity]
     if bad:
         raise EagleExportError(f"--past values must be in 1..{capacity - 1} (the artifact's capacity), got {bad}")

@@ -1,6 +1,6 @@
 """Make the shipped fixture from scratch, offline: tokenizer, trained target, trained EAGLE-1/2 and EAGLE-3 heads.
 
-    python -m eagle_export.tools.make_fixture --work fixture-work --out fixture [--stage all|target|heads|pack]
+    python -m eagle_export.tools.recipe.make_fixture --work fixture-work --out fixture [--stage all|target|heads|pack]
 
 Stages (each reads the previous one's output from --work, so a stage can be rerun alone):
   target  corpus (the interpreter's stdlib sources) -> BPE tokenizer -> small Llama target (fp32, --work/target)

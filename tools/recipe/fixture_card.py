@@ -49,7 +49,7 @@ def write_card(work: Path, out: Path) -> Path:
     lines = [
         "# Trained tiny fixture: a code target with EAGLE-1/2 and EAGLE-3 heads",
         "",
-        "Made from scratch, offline, by `python -m eagle_export.tools.make_fixture` (see docs/fixture.md) in "
+        "Made from scratch, offline, by `python -m eagle_export.tools.recipe.make_fixture` (see docs/fixture.md) in "
         f"{minutes:.0f} min on this project's 2-core CPU machine. All weights fp16 safetensors; "
         f"target {_mib(out / 'target'):.1f} MiB, EAGLE-1/2 head {_mib(out / 'eagle1'):.1f} MiB, "
         f"EAGLE-3 head {_mib(out / 'eagle3'):.1f} MiB.",

@@ -1,0 +1,340 @@
+"""The TensorRT backend end to end on the CPU: real TensorRT-RTX engines (built in CI), executed by the emulator
+of ``tools/testing/trt_emulator.py``, which enforces TensorRT's rules for every call and runs the engines' source ONNX
+graphs with ONNX Runtime over exactly the memory the backend bound.
+
+Full generations through ``TrtBackend``: greedy equal to transformers, sampling equal to ONNX Runtime with the
+same seed, prompts longer than --max-prefill, a 1-token prompt, capacity reached, fp16, bf16, EAGLE-1/2 and
+EAGLE-3 heads; planted rule violations fail with their rule's message.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from reference import Comparison, GreedyReference
+
+from eagle_export import contract as C
+from eagle_export.errors import EngineError
+from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.backend import Backend
+from eagle_export.runtime.sampling import SamplingParams
+from eagle_export.runtime.trt_backend import TrtBackend
+from eagle_export.tools.testing.trt_emulator import RuleViolation, TrtEmulator, emulated_runtime
+from eagle_export.tree_params import TreeParams
+
+TREE = TreeParams(top_k=4, depth=3, total_tokens=12)  # the engines' largest verify (13 tokens)
+CHAIN = TreeParams(top_k=1, depth=3, total_tokens=3)
+
+
+def prompts(vocab: int, lengths=(1, 23, 40), seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(3, vocab, size=n)] for n in lengths]
+
+
+def ort_runtime(art) -> EagleRuntime:
+    return EagleRuntime.open(art, threads=1)
+
+
+def test_greedy_is_transformers_greedy_with_chunked_prefill(engines):
+    """fp32 engines built with --max-prefill 16: a 40-token prompt is prefilled in 3 chunks (16, 16, 8)."""
+    target, _, _ = engines.sources("fp32")
+    art = engines("fp32", max_prefill=16)
+    rt = emulated_runtime(art)
+    assert isinstance(rt.backend, TrtBackend) and isinstance(rt.backend, Backend)
+    assert rt.generator.chunk == 16
+    ref = GreedyReference(target)
+    cmp = Comparison()
+    vocab = rt.manifest.target.vocab_size
+    for prompt in prompts(vocab):
+        want = ref.generate(prompt, 20)
+        for tree in (TREE, CHAIN):
+            got = rt.generate(prompt_ids=prompt, max_new_tokens=20, tree=tree, stop_on_eos=False)
+            ref.compare(prompt, got.tokens, want, cmp, f"eagle {tree}")
+        plain = rt.generate(prompt_ids=prompt, max_new_tokens=20, use_draft=False, stop_on_eos=False)
+        ref.compare(prompt, plain.tokens, want, cmp, "no-draft")
+    assert not cmp.failures, cmp.failures
+    assert cmp.tokens >= 3 * 3 * 20 - 20
+    # Both profiles of both engines ran, and prefill chunks never exceeded the prefill profile.
+    emu = rt.backend.emulator
+    used = {(g, p) for g, p, _ in emu.executions}
+    assert used == {(C.TARGET_GRAPH, 0), (C.TARGET_GRAPH, 1), (C.DRAFT_GRAPH, 0), (C.DRAFT_GRAPH, 1)}
+    assert max(a[C.NEW_TOKENS] for g, p, a in emu.executions if g == C.TARGET_GRAPH and p == 0) == 16
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_sampling_equals_onnx_runtime_with_the_same_seed(engines, dtype):
+    art = engines(dtype)
+    trt_rt, ort_rt = emulated_runtime(art), ort_runtime(art)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=7)
+    for prompt in prompts(trt_rt.manifest.target.vocab_size, lengths=(1, 17)):
+        for use_draft in (True, False):
+            a = trt_rt.generate(prompt_ids=prompt, max_new_tokens=16, tree=TREE, use_draft=use_draft,
+                                sampling=sampling, stop_on_eos=False)
+            b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=16, tree=TREE, use_draft=use_draft,
+                                sampling=sampling, stop_on_eos=False)
+            assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_capacity_and_one_token_prompts_equal_onnx_runtime(engines, dtype):
+    art = engines(dtype)
+    trt_rt, ort_rt = emulated_runtime(art), ort_runtime(art)
+    capacity = trt_rt.manifest.max_seq_len
+    long = [3 + i % 40 for i in range(capacity - 9)]  # 9 tokens from the capacity: a round crosses it
+    for prompt, use_draft in itertools.product(([5], long), (True, False)):
+        a = trt_rt.generate(prompt_ids=prompt, max_new_tokens=capacity, tree=TREE, use_draft=use_draft,
+                            stop_on_eos=False)
+        b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=capacity, tree=TREE, use_draft=use_draft,
+                            stop_on_eos=False)
+        assert a.tokens == b.tokens and a.finish_reason == b.finish_reason == "capacity"
+        assert len(prompt) + len(a.tokens) == capacity
+
+
+def test_eagle3_head(engines):
+    art = engines("fp32", eagle3=True)
+    trt_rt, ort_rt = emulated_runtime(art), ort_runtime(art)
+    assert trt_rt.manifest.variant == "eagle3"
+    for prompt in prompts(trt_rt.manifest.target.vocab_size, lengths=(1, 30)):
+        a = trt_rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+        b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+        plain = trt_rt.generate(prompt_ids=prompt, max_new_tokens=24, use_draft=False, stop_on_eos=False)
+        assert a.tokens == b.tokens == plain.tokens
+
+
+def test_bf16_opens_and_generates(engines):
+    """bf16 runs only on TensorRT (ONNX Runtime refuses it: tests/test_trt_backend.py::test_ort_refuses_bf16).
+    Emulated, the graph computes in fp32 from the bf16 memory the backend bound: EAGLE equals plain decoding."""
+    art = engines("bf16")
+    rt = emulated_runtime(art)
+    assert rt.manifest.dtype == "bfloat16" and rt.generator.tcache.buffers[0].dtype == torch.bfloat16
+    for prompt in prompts(rt.manifest.target.vocab_size, lengths=(1, 20)):
+        eagle = rt.generate(prompt_ids=prompt, max_new_tokens=20, tree=TREE, stop_on_eos=False)
+        plain = rt.generate(prompt_ids=prompt, max_new_tokens=20, use_draft=False, stop_on_eos=False)
+        assert eagle.tokens == plain.tokens and len(eagle.tokens) == 20
+
+
+# ---- planted violations: the emulator catches a backend that breaks TensorRT's rules ------------------------
+
+
+def test_a_call_outside_its_profile_fails_with_the_profile_rule(engines, monkeypatch):
+    """Planted: the target's profile choice always takes the prefill profile, so a tree verify (13 logit rows) is
+    set on a context whose profile admits 1: set_input_shape fails and the error carries the rule's message."""
+    import eagle_export.runtime.trt_backend as T
+
+    real = T.choose_profile
+    monkeypatch.setattr(T, "choose_profile", lambda profiles, axes: 0 if "logit_rows" in axes else real(profiles, axes))
+    rt = emulated_runtime(engines("fp32"))
+    with pytest.raises(EngineError) as info:
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+    msg = str(info.value)
+    assert "TensorRT refused shape" in msg and "TensorRT rule broken (profile" in msg
+    assert "outside profile 0 (prefill): logit_rows=13 not in [1, 1]" in msg
+
+
+def test_an_unaligned_output_goes_through_scratch_and_a_planted_alignment_bug_breaks_the_rule(engines, monkeypatch):
+    """A prefill call by hand with the logits bound 64 bytes into their buffer. The backend writes them to its
+    scratch and copies them into place (the same values as an aligned call); planted: the planner believes 64
+    bytes suffice, binds the address directly, and the emulator refuses it with the alignment rule."""
+    rt = emulated_runtime(engines("fp32"))
+    gen, be = rt.generator, rt.backend
+    layers = rt.manifest.target.num_layers
+
+    def call(shift: int) -> np.ndarray:
+        gen._ids.array[:3] = [3, 4, 5]
+        gen._pos.array[:3] = [0, 1, 2]
+        gen._causal_mask(3, 0)
+        gen._lidx.array[0] = 2
+        fixed, outs = gen._target_io(3, 1)
+        outs = dict(outs)
+        outs[C.LOGITS] = outs[C.LOGITS]._replace(address=outs[C.LOGITS].address + shift)
+        inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
+                  **dict(zip(C.past_names(layers), gen.tcache.views(0, 0), strict=True))}
+        be.run(C.TARGET_GRAPH, inputs, outs)
+        flat = be.to_host(gen.logits.view(-1))
+        return flat[shift // 4:shift // 4 + rt.manifest.target.vocab_size]
+
+    aligned = call(0)
+    np.testing.assert_array_equal(call(64), aligned)
+    for g in be.graphs.values():
+        monkeypatch.setattr(g.planner, "alignment", 64)
+        g.plans.clear()
+    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(alignment: tensor addresses are 256-byte "
+                                            r"aligned\): target_verify: logits at 0x[0-9a-f]+ \(64 bytes past"):
+        call(64)
+
+
+def test_reading_outputs_before_the_stream_syncs_fails_with_the_sync_rule(engines, monkeypatch):
+    """Planted: the backend no longer orders the caller's stream after its own (caller.wait_stream dropped)."""
+    rt = emulated_runtime(engines("fp32"))
+    mem = rt.backend.mem
+    monkeypatch.setattr(type(mem.default), "wait_stream", lambda self, other: None)
+    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(sync: .*\): a host read of .* while the "
+                                            r"outputs of target_verify \(profile 0\)"):
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, stop_on_eos=False)
+
+
+def test_two_contexts_on_one_profile_fail_with_the_own_profile_rule(engines):
+    art = engines("fp32")
+    from eagle_export.manifest import load_manifest
+
+    emu = TrtEmulator(art, load_manifest(art))
+    be = emu.backend()
+    ctx = be.graphs[C.TARGET_GRAPH].engine.create_execution_context()
+    with pytest.raises(RuleViolation, match=r"own-profile.*profile 1 already belongs to another execution context"):
+        ctx.set_optimization_profile_async(1, be.stream.cuda_stream)
+
+
+# ---- what the backend does for a real GPU (issue 16's defects), shown on the emulator -------------------------
+
+
+def test_engines_of_a_library_that_cannot_run_on_the_gpu_are_refused(engines):
+    """TensorRT-RTX engines on a Hopper GPU (compute capability 9.0): one clear line naming the fix."""
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    art = engines("fp32")
+    with pytest.raises(EngineError) as info:
+        emulated_backend(art, compute_capability=(9, 0))
+    msg = str(info.value)
+    assert "were built with tensorrt_rtx 1.7.1.116, which cannot run on this GPU (emulated GPU, compute capability " \
+           "9.0): tensorrt_rtx cannot run on compute capability 9.0" in msg
+    assert f"`eagle-export build {art} --engine-lib tensorrt`" in msg
+    emulated_backend(art, compute_capability=(12, 0))  # an RTX 50xx: fine
+
+
+def test_all_contexts_share_one_block_of_context_memory(engines):
+    rt = emulated_runtime(engines("fp32"))
+    contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
+    assert len(contexts) == 4
+    assert {c.device_memory for c in contexts} == {(rt.backend.context_memory.data_ptr(),
+                                                    rt.backend.context_memory.numel())}
+    assert all(c.strategy.name == "USER_MANAGED" for c in contexts)
+    rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)  # the checks hold in calls
+
+
+def test_a_repeated_call_shape_sets_only_what_changed(engines):
+    """Plans are cached per call shape and a context is given only the shapes and addresses that changed: the
+    same generation again sets no address and reads no output shape, and sets only the input shapes that moved
+    (the cache prefix grows every call)."""
+    rt = emulated_runtime(engines("fp32"))
+    contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
+
+    def counts():
+        return {k: sum(c.calls[k] for c in contexts) for k in contexts[0].calls}
+
+    prompt = prompts(rt.manifest.target.vocab_size, lengths=(20,))[0]
+    rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+    first = counts()
+    rt.generate(prompt_ids=prompt, max_new_tokens=24, tree=TREE, stop_on_eos=False)
+    second = {k: v - first[k] for k, v in counts().items()}
+    calls = second["execute_async_v3"]
+    names = {g: len(rt.manifest.graphs[g].spec.input_names) for g in rt.manifest.graphs}
+    assert calls == first["execute_async_v3"] > 20
+    assert second["set_tensor_address"] == 0 and second["get_tensor_shape"] == 0
+    # Each call sets at most its past_* views (2 per layer) plus the mask and the row-count inputs.
+    assert second["set_input_shape"] < calls * max(names.values()) / 2
+    print(f"\nper call, a repeated generation: {second['set_input_shape'] / calls:.1f} set_input_shape, "
+          f"0 set_tensor_address, 0 get_tensor_shape (first generation: {first['set_tensor_address'] / calls:.1f} "
+          "set_tensor_address)")
+
+
+def test_the_staging_event_is_recorded_when_a_later_input_fails(engines):
+    """A call whose mask is outside every profile's range after the ids were staged: the staging copies are still
+    fenced by the event, so the next call waits for them before reusing the pinned buffers."""
+    rt = emulated_runtime(engines("fp32"))
+    gen, be = rt.generator, rt.backend
+    layers = rt.manifest.target.num_layers
+    g = be.graphs[C.TARGET_GRAPH]
+    ctx = g.contexts[0]
+    ctx.set_input_shape = lambda name, shape, real=ctx.set_input_shape: name != C.POSITION_IDS and real(name, shape)
+    fixed, outs = gen._target_io(3, 1)
+    inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
+              **dict(zip(C.past_names(layers), gen.tcache.views(0, 0), strict=True))}
+    assert not g.h2d_pending
+    with pytest.raises(EngineError, match="TensorRT refused shape"):
+        be.run(C.TARGET_GRAPH, inputs, outs)
+    assert g.h2d_pending and g.h2d_done.stream is be.stream
+
+
+def test_debug_sync_names_the_graph_and_profile_of_a_device_fault(engines):
+    art = engines("fp32")
+    faulty = lambda graph, profile, axes: graph == C.TARGET_GRAPH and profile == 1  # noqa: E731 - the verify
+    rt = emulated_runtime(art)
+    rt.backend.emulator.fault_on = faulty
+    with pytest.raises(RuntimeError, match="illegal memory access") as info:  # later, naming nothing
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+    assert not isinstance(info.value, EngineError)
+    rt = emulated_runtime(art, debug_sync=True)
+    rt.backend.emulator.fault_on = faulty
+    with pytest.raises(EngineError, match=r"target_verify: the call failed on the device \(profile 1, verify; axes "
+                                          r".*\): CUDA error: an illegal memory access was encountered"):
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+
+
+def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path, caplog):
+    """Contexts are made from a runtime config (user-managed memory, no per-shape JIT specialisation by default),
+    with a runtime cache that is written by save_runtime_cache and read back by the next process."""
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    art = engines("fp32")
+    be = emulated_backend(art, runtime_cache_dir=tmp_path)
+    configs = [c.runtime_config for g in be.graphs.values() for c in g.contexts]
+    assert all(c is not None and c.dynamic_shapes_kernel_specialization_strategy.name == "NONE" for c in configs)
+    assert all(c.runtime_cache is not None and not c.runtime_cache.loaded for c in configs)
+    be.save_runtime_cache()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft_step.engine.runtime_cache",
+                                                         "target_verify.engine.runtime_cache"]
+    nowhere = emulated_backend(art, runtime_cache_dir=tmp_path / "missing")
+    with caplog.at_level("WARNING", logger="eagle_export"):
+        nowhere.save_runtime_cache()  # an unwritable place is a warning, never an error (also at exit)
+    assert "could not write the TensorRT-RTX runtime cache" in caplog.text
+    again = emulated_backend(art, runtime_cache_dir=tmp_path, rtx_shape_strategy="lazy")
+    configs = [c.runtime_config for g in again.graphs.values() for c in g.contexts]
+    assert all(c.runtime_cache.loaded and c.dynamic_shapes_kernel_specialization_strategy.name == "LAZY"
+               for c in configs)
+
+
+def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
+    """Planted: the memo of what each context was given is shared by the contexts of a graph, so a context skips
+    shapes and addresses only another context received: the emulator catches the first call on the second."""
+    rt = emulated_runtime(engines("fp32"))
+    for g in rt.backend.graphs.values():
+        shapes, addresses = {}, {}
+        g.shapes = [shapes] * len(g.shapes)
+        g.addresses = [addresses] * len(g.addresses)
+    # The draft's first tree level (profile 1) gets the shapes that differ from the context pass, but no address.
+    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): draft_step: no address for "
+                                            r"\['input_ids', 'features'"):
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
+
+
+def test_trt_host_bench_prints_its_figures(engines):
+    from click.testing import CliRunner
+
+    from eagle_export.tools.commands.trt_host_bench import main
+
+    res = CliRunner().invoke(main, [str(engines("fp32")), "--new-tokens", "8"])
+    assert res.exit_code == 0, res.output
+    assert "median host us per call: target_verify" in res.output
+    assert "set_tensor_address 0.0, get_tensor_shape 0.0" in res.output  # the third run sets no address
+
+
+def test_bench_proxy_times_the_tensorrt_backend_around_run_and_synchronize(engines):
+    """bench's TimingBackend over TrtBackend (last_exec_s None): every call is synchronised and timed, so queued
+    device work counts as the graph's; the generation is unchanged."""
+    from eagle_export.tools.commands.bench import TimingBackend
+
+    rt = emulated_runtime(engines("fp32"))
+    want = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)
+    proxy = TimingBackend(rt.backend)
+    rt.generator.backend = proxy
+    syncs = []
+    real = rt.backend.synchronize
+    rt.backend.synchronize = lambda: (syncs.append(1), real())[1]
+    got = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)
+    assert got.tokens == want.tokens
+    calls = proxy.calls[C.TARGET_GRAPH] + proxy.calls[C.DRAFT_GRAPH]
+    assert proxy.calls[C.TARGET_GRAPH] == got.stats.rounds + 1 and len(syncs) == calls
+    assert all(v > 0 for v in proxy.seconds.values())

@@ -1,0 +1,67 @@
+"""Host work of the TensorRT backend per call, on a CPU: TrtBackend over the emulator with TensorRT's execution
+stubbed out, so what is timed is the backend's own planning, staging and binding (plus the stand-in's calls).
+
+    python -m eagle_export.tools.commands.trt_host_bench ARTIFACT [--new-tokens 60] [--reset-each-call]
+
+ARTIFACT needs engines (`eagle-export build`). One EAGLE generation is run three times; the last is reported:
+median host microseconds per target and per draft call, and how many set_input_shape / set_tensor_address /
+get_tensor_shape calls the contexts received per graph call. ``--reset-each-call`` clears the plan cache and the
+per-context memos before every call, which is what the backend did before it cached them (every binding
+described, planned and set at every call). Figures are printed, never judged.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import click
+
+from eagle_export.tree_params import TreeParams
+
+COUNTED = ("set_input_shape", "set_tensor_address", "get_tensor_shape")
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--new-tokens", type=int, default=60, show_default=True)
+@click.option("--reset-each-call", is_flag=True, help="Clear the plan cache and context memos before each call.")
+def main(artifact: Path, new_tokens: int, reset_each_call: bool) -> None:
+    from eagle_export.tools.testing import trt_emulator as E
+
+    rt = E.emulated_runtime(artifact)
+    be = rt.backend
+    contexts = [c for g in be.graphs.values() for c in g.contexts]
+    for c in contexts:  # TensorRT's execution becomes a no-op (no rule checks, no ONNX Runtime)
+        c.execute_async_v3 = lambda handle: True
+    times: list[tuple[str, float]] = []
+    inner = be.run
+
+    def timed(graph, inputs, outputs):
+        if reset_each_call:
+            for g in be.graphs.values():
+                g.plans.clear()
+                for memo in (*g.shapes, *g.addresses, *g.checked):
+                    memo.clear()
+        t0 = time.perf_counter()
+        inner(graph, inputs, outputs)
+        times.append((graph, time.perf_counter() - t0))
+
+    be.run = timed
+    prompt = list(range(3, 3 + min(37, rt.manifest.max_seq_len // 2)))
+    for _ in range(3):
+        times.clear()
+        before = {k: sum(c.calls[k] for c in contexts) for k in COUNTED}
+        rt.generate(prompt_ids=prompt, max_new_tokens=new_tokens, tree=TreeParams(4, 3, 12), stop_on_eos=False)
+    n = len(times)
+    per_call = {k: (sum(c.calls[k] for c in contexts) - before[k]) / n for k in COUNTED}
+    med = {g: 1e6 * statistics.median(t for name, t in times if name == g) for g in be.graphs}
+    click.echo(f"{artifact}: {rt.manifest.target.num_layers}-layer target, {n} calls"
+               + (" (plans and memos reset before each call)" if reset_each_call else ""))
+    click.echo("median host us per call: " + ", ".join(f"{g} {v:.0f}" for g, v in med.items()))
+    click.echo("TensorRT calls per graph call: " + ", ".join(f"{k} {v:.1f}" for k, v in per_call.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,665 @@
+"""TensorRT's execution, emulated on the CPU, so that CI runs the TensorRT backend end to end.
+
+The project's machines have no GPU, and the one GPU within reach has no TensorRT, so ``TrtBackend`` is run
+here above a stand-in for what it calls. ``emulated_backend(directory)`` builds a real ``TrtBackend`` (same
+planning, binding, staging, profile choice and contexts) with its two seams swapped:
+
+- ``lib``: a stand-in for the ``tensorrt``/``tensorrt_rtx`` module. Its ``Runtime`` deserializes the engine
+  files `eagle-export build` wrote (it recognises them by content) into ``EmulatedEngine``s, whose
+  ``EmulatedContext`` plays ``IExecutionContext``: it enforces the rules TensorRT documents for a call (listed
+  in ``RULES``) and then runs the engine's *source ONNX graph* with ONNX Runtime (CPU provider) over exactly
+  the memory the backend bound. bf16 graphs are computed in fp32, converting at the bound memory.
+- ``mem``: ``EmulatedMemory`` in place of ``CudaMemory``: "device memory" is 256-byte aligned host memory
+  allocated through it (and only that counts as device memory), streams and events are recorded, and a
+  work queued on a stream (an engine call, a copy made through ``mem.copy``) runs in order at a
+  synchronisation point (``caller.wait_stream(stream)``, ``stream.synchronize()``). Until then a call's
+  outputs hold 0xFF bytes (NaN, -1), and a read through ``to_host`` or a new call is a rule violation.
+
+A broken rule raises ``RuleViolation`` (an ``AssertionError``: nothing in the product catches it) whose
+message starts with ``TensorRT rule broken (<rule>)``. Where real TensorRT reports an error by return
+value (a shape outside the profile: ``set_input_shape`` returns False and logs), the emulator does the same
+and logs the rule's message.
+
+What the emulator cannot show: kernel numerics (it computes with ONNX Runtime's CPU kernels, bf16 in fp32),
+timing, TensorRT-RTX's JIT compilation and runtime cache, concurrency between streams (queued work runs at the
+next synchronisation point, in order), torch ops of the caller that read unsynchronised outputs without going
+through ``to_host`` (caught at the next call instead) or that write inputs a queued call has not read yet, and
+what CUDA does on a fault (the emulator only raises at the next synchronisation).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import enum
+import hashlib
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, numpy_helper
+
+from eagle_export.contract import GraphSpec
+from eagle_export.dtypes import DTYPES
+from eagle_export.engines.libs import TrtLib
+from eagle_export.engines.profiles import Profile
+from eagle_export.manifest import Manifest, load_manifest
+from eagle_export.runtime.trt_backend import TRT_ADDRESS_ALIGNMENT, TrtBackend, profiles_of
+from eagle_export.runtime.views import BufferView
+
+RULES = {
+    "shape-set": "every input shape is set (set_input_shape) before execute_async_v3",
+    "profile": "input shapes lie inside the context's optimisation profile",
+    "own-profile": "a context uses only its own optimisation profile, and no two contexts share one",
+    "address-set": "every input and output has an address (set_tensor_address) before execute_async_v3",
+    "alignment": f"tensor addresses are {TRT_ADDRESS_ALIGNMENT}-byte aligned",
+    "empty": "empty tensors get non-null addresses distinct from every other tensor's",
+    "device-memory": "every bound tensor lies inside device memory",
+    "context-memory": "a context created with USER_MANAGED memory is given device memory large enough before it runs,"
+                      " and it overlaps no bound tensor",
+    "sync": "outputs are not read before the stream that computed them is synchronised",
+}
+
+
+class RuleViolation(AssertionError):
+    """A call broke one of TensorRT's documented rules (``RULES``)."""
+
+    def __init__(self, rule: str, detail: str):
+        self.rule = rule
+        super().__init__(f"TensorRT rule broken ({rule}: {RULES[rule]}): {detail}")
+
+
+# ---- device memory, streams, events ---------------------------------------------------------------------
+
+
+class EmulatedMemory:
+    """Stands in for ``CudaMemory``: 256-byte aligned host memory as device memory, recorded streams."""
+
+    device = "cpu"
+
+    def __init__(self, compute_capability: tuple[int, int] = (8, 9)):
+        self.compute_capability = tuple(compute_capability)
+        self.gpu_name = f"emulated GPU, compute capability {compute_capability[0]}.{compute_capability[1]}"
+        self._starts: list[int] = []
+        self._blocks: list[tuple[int, int, torch.Tensor]] = []  # (start, end, owner), sorted by start
+        self._handles = itertools.count(0x1000)
+        self.streams: dict[int, EmulatedStream] = {}
+        self.default = self.stream()  # the caller's ("current") stream
+        self._on: EmulatedStream | None = None
+
+    # allocation
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        raw = torch.zeros(n + TRT_ADDRESS_ALIGNMENT, dtype=torch.uint8)
+        off = -raw.data_ptr() % TRT_ADDRESS_ALIGNMENT
+        t = raw[off:off + n].view(dtype).view(shape)
+        start = raw.data_ptr() + off
+        i = bisect.bisect(self._starts, start)
+        self._starts.insert(i, start)
+        self._blocks.insert(i, (start, start + n, raw))
+        return t
+
+    def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype)
+
+    def is_device(self, v: BufferView) -> bool:
+        return self.block_of(v.address) is not None
+
+    def block_of(self, address: int) -> tuple[int, int] | None:
+        i = bisect.bisect(self._starts, address) - 1
+        if i >= 0:
+            start, end, _ = self._blocks[i]
+            if start <= address <= end:  # the end too: an empty view may sit just past a buffer's last row
+                return start, end
+        return None
+
+    def check_inside(self, name: str, address: int, nbytes: int, what: str) -> None:
+        block = self.block_of(address)
+        if block is None or address + nbytes > block[1]:
+            raise RuleViolation("device-memory", f"{what} {name} at {address:#x} ({nbytes} bytes) is not inside a "
+                                                 "device allocation")
+
+    def bytes_at(self, v: BufferView) -> torch.Tensor:
+        return _bytes(v.address, v.nbytes)
+
+    # streams and events
+    def stream(self) -> EmulatedStream:
+        s = EmulatedStream(self, next(self._handles))
+        self.streams[s.cuda_stream] = s
+        return s
+
+    def current_stream(self) -> EmulatedStream:
+        self.check_no_unsynchronised("a new call was made")
+        return self.default
+
+    def on(self, stream: EmulatedStream):
+        return _On(self, stream)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A device copy queued on the stream of the enclosing ``on`` (run at once outside one)."""
+        stream = self._on
+        if stream is None:
+            dst.copy_(src)
+        else:
+            stream.ops.append(_Op("a copy", lambda: dst.copy_(src)))
+
+    def event(self) -> EmulatedEvent:
+        return EmulatedEvent()
+
+    def to_host(self, x: torch.Tensor) -> np.ndarray:
+        self.default.synchronize()  # what x.cpu() does: the caller's stream, and what it waited for
+        self.check_no_unsynchronised(f"a host read of {tuple(x.shape)} {x.dtype} memory")
+        return x.numpy().copy()
+
+    def check_no_unsynchronised(self, when: str) -> None:
+        for s in self.streams.values():
+            what = next((op.what for op in s.ops if op.what != "a copy"), None)  # a graph call's outputs
+            if what is not None:
+                raise RuleViolation("sync", f"{when} while the outputs of {what} on stream {s.cuda_stream:#x} were "
+                                            "not synchronised (no wait_stream / synchronize)")
+
+
+class _On:
+    """``torch.cuda.stream(s)``: copies made through the memory inside it are queued on ``s``."""
+
+    def __init__(self, mem: EmulatedMemory, stream: EmulatedStream):
+        self.mem, self.stream = mem, stream
+
+    def __enter__(self):
+        self.before, self.mem._on = self.mem._on, self.stream
+        return self
+
+    def __exit__(self, *exc):
+        self.mem._on = self.before
+        return False
+
+
+@dataclass
+class _Op:
+    """Work queued on a stream: it runs when the stream is synchronised or waited on (in queue order)."""
+
+    what: str  # for messages: "target_verify (profile 1)", "a copy"
+    run: object  # callable
+
+
+class EmulatedStream:
+    """A CUDA stream as TensorRT and the backend see it: a handle, and a queue of work run at synchronisation."""
+
+    def __init__(self, mem: EmulatedMemory, handle: int):
+        self.mem = mem
+        self.cuda_stream = handle
+        self.ops: list[_Op] = []
+        self.fault: str | None = None  # a device fault: raised at the next synchronisation, as CUDA does
+
+    def _flush(self) -> None:
+        ops, self.ops = self.ops, []
+        for op in ops:
+            op.run()
+
+    def synchronize(self) -> None:
+        self._flush()
+        if self.fault is not None:
+            raise RuntimeError(self.fault)
+
+    def wait_stream(self, other: EmulatedStream) -> None:
+        """Work queued on this stream from now on runs after ``other``'s: its queue runs now (and a fault there
+        surfaces here, at the next synchronisation)."""
+        if other is not self:
+            other._flush()
+            self.fault = self.fault or other.fault
+
+
+class EmulatedEvent:
+    """A CUDA event: synchronising on it runs the work queued on its stream (up to now: a superset of what was
+    queued when it was recorded, which only orders things earlier than CUDA would)."""
+
+    stream: EmulatedStream | None = None
+
+    def record(self, stream: EmulatedStream | None = None) -> None:
+        self.stream = stream
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream._flush()
+
+
+def _bytes(address: int, nbytes: int) -> torch.Tensor:
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=torch.uint8)
+
+
+# ---- the TensorRT module stand-in --------------------------------------------------------------------------
+
+
+class TensorIOMode(enum.Enum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class ExecutionContextAllocationStrategy(enum.Enum):
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
+class DynamicShapesKernelSpecializationStrategy(enum.Enum):
+    LAZY = 0
+    EAGER = 1
+    NONE = 2
+
+
+class _RuntimeCache:
+    """TensorRT-RTX's runtime cache: the emulator compiles nothing, so it holds a marker per engine."""
+
+    MAGIC = b"EMULATED-TENSORRT-RTX-RUNTIME-CACHE:"
+
+    def __init__(self, graph: str):
+        self.graph = graph
+        self.loaded = False
+
+    def serialize(self) -> bytes:
+        return self.MAGIC + self.graph.encode()
+
+    def deserialize(self, blob: bytes) -> bool:
+        self.loaded = bytes(blob) == self.serialize()
+        return self.loaded
+
+
+class _RuntimeConfig:
+    """``IRuntimeConfig`` (TensorRT-RTX): allocation strategy, shape specialisation, runtime cache."""
+
+    def __init__(self, engine: EmulatedEngine):
+        self.engine = engine
+        self.strategy = ExecutionContextAllocationStrategy.STATIC
+        self.dynamic_shapes_kernel_specialization_strategy = DynamicShapesKernelSpecializationStrategy.LAZY
+        self.runtime_cache: _RuntimeCache | None = None
+
+    def set_execution_context_allocation_strategy(self, strategy) -> None:
+        self.strategy = strategy
+
+    def get_execution_context_allocation_strategy(self):
+        return self.strategy
+
+    def create_runtime_cache(self) -> _RuntimeCache:
+        return _RuntimeCache(self.engine.graph)
+
+    def set_runtime_cache(self, cache: _RuntimeCache) -> None:
+        self.runtime_cache = cache
+
+    def get_runtime_cache(self) -> _RuntimeCache | None:
+        return self.runtime_cache
+
+
+class _Severity(enum.IntEnum):
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+
+class ILogger:
+    Severity = _Severity
+
+    def __init__(self):
+        pass
+
+
+class _Module:
+    """What ``TrtBackend`` reads from ``lib.module``."""
+
+    def __init__(self, emulator: TrtEmulator):
+        self._emulator = emulator
+        self.TensorIOMode = TensorIOMode
+        self.ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy
+        self.DynamicShapesKernelSpecializationStrategy = DynamicShapesKernelSpecializationStrategy
+        self.ILogger = ILogger
+
+    def Runtime(self, logger) -> _Runtime:  # noqa: N802 - TensorRT's name
+        return _Runtime(self._emulator, logger)
+
+
+class _Runtime:
+    def __init__(self, emulator: TrtEmulator, logger):
+        self.emulator = emulator
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, data: bytes) -> EmulatedEngine | None:
+        graph = self.emulator.graph_of(data)
+        if graph is None:
+            self.logger.log(_Severity.ERROR, "emulator: these bytes are not one of the artifact's engines")
+            return None
+        return EmulatedEngine(self.emulator, graph, self.logger)
+
+
+class EmulatedEngine:
+    """An engine of the artifact: its I/O names, the manifest's profiles (from the real build), its ONNX."""
+
+    DEVICE_MEMORY = 1 << 20  # bytes a context needs (a stand-in figure: the emulator computes elsewhere)
+
+    def __init__(self, emulator: TrtEmulator, graph: str, logger):
+        self.emulator = emulator
+        self.graph = graph
+        self.logger = logger
+        self.spec: GraphSpec = emulator.manifest.graphs[graph].spec
+        self.profiles: list[Profile] = profiles_of(emulator.manifest, graph)
+        self._names = [t.name for t in (*self.spec.inputs, *self.spec.outputs)]
+        self._inputs = set(self.spec.input_names)
+        self.owners: dict[int, EmulatedContext] = {}  # profile -> the context that set it
+        self.session = emulator.session(graph)
+        self.device_memory_size_v2 = self.DEVICE_MEMORY
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self._names)
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self.profiles)
+
+    def get_tensor_name(self, i: int) -> str:
+        return self._names[i]
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        return TensorIOMode.INPUT if name in self._inputs else TensorIOMode.OUTPUT
+
+    def get_device_memory_size_for_profile_v2(self, index: int) -> int:
+        return self.DEVICE_MEMORY
+
+    def create_runtime_config(self) -> _RuntimeConfig:
+        return _RuntimeConfig(self)
+
+    def create_execution_context(self, how=ExecutionContextAllocationStrategy.STATIC) -> EmulatedContext:
+        """``how``: an allocation strategy, or (TensorRT-RTX) an ``IRuntimeConfig``."""
+        if isinstance(how, _RuntimeConfig):
+            ctx = EmulatedContext(self, how.strategy)
+            ctx.runtime_config = how
+            return ctx
+        return EmulatedContext(self, how)
+
+
+class EmulatedContext:
+    """``IExecutionContext``: per-context shapes and addresses, checked against TensorRT's rules at each call."""
+
+    def __init__(self, engine: EmulatedEngine, strategy):
+        self.engine = engine
+        self.strategy = strategy
+        self.profile: int | None = None
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self.device_memory: tuple[int, int] | None = None
+        self.runtime_config: _RuntimeConfig | None = None
+        self.calls = {"set_input_shape": 0, "set_tensor_address": 0, "get_tensor_shape": 0, "execute_async_v3": 0}
+
+    def _log(self, rule: str, detail: str) -> None:
+        self.engine.logger.log(_Severity.ERROR, str(RuleViolation(rule, detail)))
+
+    def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
+        owners = self.engine.owners
+        if owners.get(index) not in (None, self):
+            raise RuleViolation("own-profile", f"{self.engine.graph}: profile {index} already belongs to another "
+                                               "execution context")
+        if self.profile is not None and owners.get(self.profile) is self:
+            del owners[self.profile]
+        self.profile = index
+        owners[index] = self
+        self.shapes.clear()
+        return True
+
+    def set_device_memory(self, address: int, size: int) -> None:
+        if address % TRT_ADDRESS_ALIGNMENT:
+            raise RuleViolation("alignment", f"{self.engine.graph}: context memory at {address:#x}")
+        self.device_memory = (address, size)
+
+    def set_input_shape(self, name: str, shape) -> bool:
+        self.calls["set_input_shape"] += 1
+        shape = tuple(int(d) for d in shape)
+        if name not in self.engine._inputs:
+            self._log("shape-set", f"{self.engine.graph}: {name} is not an input")
+            return False
+        bad = self._outside_profile(name, shape)
+        if bad:
+            self._log("profile", bad)
+            return False
+        self.shapes[name] = shape
+        return True
+
+    def _outside_profile(self, name: str, shape: tuple[int, ...]) -> str | None:
+        if self.profile is None:
+            return f"{self.engine.graph}: no optimisation profile set on this context"
+        want = next(t for t in self.engine.spec.inputs if t.name == name).shape
+        p = self.engine.profiles[self.profile]
+        if len(shape) != len(want):
+            return f"{self.engine.graph}: {name} has rank {len(shape)}, the engine's is {len(want)}"
+        for got, dim in zip(shape, want, strict=True):
+            if isinstance(dim, int):
+                if got != dim:
+                    return f"{self.engine.graph}: {name} shape {list(shape)}: dimension {got} is fixed at {dim}"
+                continue
+            lo, _, hi = p.axes[dim]
+            if not lo <= got <= hi:
+                return (f"{self.engine.graph}: {name} shape {list(shape)} is outside profile {self.profile} "
+                        f"({p.name}): {dim}={got} not in [{lo}, {hi}]")
+        return None
+
+    def set_tensor_address(self, name: str, address: int) -> bool:
+        self.calls["set_tensor_address"] += 1
+        if name not in self.engine._names:
+            self._log("address-set", f"{self.engine.graph}: {name} is not one of the engine's tensors")
+            return False
+        if address % TRT_ADDRESS_ALIGNMENT:
+            raise RuleViolation("alignment", f"{self.engine.graph}: {name} at {address:#x} "
+                                             f"({address % TRT_ADDRESS_ALIGNMENT} bytes past a boundary)")
+        self.addresses[name] = address
+        return True
+
+    def _axes(self) -> dict[str, int] | None:
+        axes: dict[str, int] = {}
+        for t in self.engine.spec.inputs:
+            shape = self.shapes.get(t.name)
+            if shape is None:
+                return None
+            for got, dim in zip(shape, t.shape, strict=True):
+                if isinstance(dim, str):
+                    if axes.setdefault(dim, got) != got:
+                        return None
+        return axes
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        """An output's shape from the input shapes set (-1 where they do not determine it yet)."""
+        self.calls["get_tensor_shape"] += 1
+        t = next(t for t in (*self.engine.spec.inputs, *self.engine.spec.outputs) if t.name == name)
+        if name in self.shapes:
+            return self.shapes[name]
+        axes = self._axes() or {}
+        return tuple(d if isinstance(d, int) else axes.get(d, -1) for d in t.shape)
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        self.calls["execute_async_v3"] += 1
+        eng, graph = self.engine, self.engine.graph
+        emu = eng.emulator
+        mem = emu.mem
+        stream = mem.streams.get(stream_handle)
+        if stream is None:
+            raise RuleViolation("device-memory", f"{graph}: stream handle {stream_handle:#x} is not a stream")
+        if self.profile is None or eng.owners.get(self.profile) is not self:
+            raise RuleViolation("own-profile", f"{graph}: this context's profile {self.profile} is not its own")
+        missing = [t.name for t in eng.spec.inputs if t.name not in self.shapes]
+        if missing:
+            raise RuleViolation("shape-set", f"{graph}: no shape set for {missing} (profile {self.profile})")
+        for name, shape in self.shapes.items():
+            bad = self._outside_profile(name, shape)
+            if bad:
+                raise RuleViolation("profile", bad)
+        axes = self._axes()
+        if axes is None:
+            raise RuleViolation("profile", f"{graph}: input shapes disagree on a shared axis: {self.shapes}")
+        unset = [n for n in eng._names if n not in self.addresses]
+        if unset:
+            raise RuleViolation("address-set", f"{graph}: no address for {unset}")
+        if self.strategy == ExecutionContextAllocationStrategy.USER_MANAGED:
+            if self.device_memory is None or self.device_memory[1] < eng.get_device_memory_size_for_profile_v2(
+                    self.profile):
+                raise RuleViolation("context-memory", f"{graph}: context memory {self.device_memory} is missing or "
+                                                      "too small")
+            mem.check_inside("context memory", self.device_memory[0], self.device_memory[1], graph)
+        spans = {}
+        for t in (*eng.spec.inputs, *eng.spec.outputs):
+            shape = tuple(d if isinstance(d, int) else axes[d] for d in t.shape)
+            nbytes = math.prod(shape) * DTYPES[t.dtype].itemsize
+            address = self.addresses[t.name]
+            spans[t.name] = (address, nbytes, shape, t.dtype)
+        for name, (address, nbytes, _, _) in spans.items():
+            if nbytes == 0:
+                others = [n for n, s in spans.items() if n != name and s[0] == address]
+                if address == 0 or others:
+                    raise RuleViolation("empty", f"{graph}: empty {name} at {address:#x} (shared with {others})")
+            else:
+                mem.check_inside(name, address, nbytes, "tensor")
+            if self.device_memory is not None:
+                lo, size = self.device_memory
+                if address < lo + size and lo < address + max(nbytes, 1):
+                    raise RuleViolation("context-memory", f"{graph}: {name} overlaps the context's memory")
+        for address, nbytes, _, _ in (spans[t.name] for t in eng.spec.outputs):
+            if nbytes:
+                ctypes.memset(address, 0xFF, nbytes)  # undefined until the stream gets there
+        profile = self.profile
+
+        def execute() -> None:
+            feeds = {t.name: _read(*spans[t.name]) for t in eng.spec.inputs}
+            results = eng.session.run([t.name for t in eng.spec.outputs], feeds)
+            for t, value in zip(eng.spec.outputs, results, strict=True):
+                address, nbytes, shape, dtype = spans[t.name]
+                if tuple(value.shape) != shape:
+                    raise RuleViolation("profile", f"{graph}: {t.name} computed as {list(value.shape)}, bound as "
+                                                   f"{list(shape)}")
+                data = _encode(value, dtype)
+                ctypes.memmove(address, data, len(data))
+
+        stream.ops.append(_Op(f"{graph} (profile {profile})", execute))
+        emu.executions.append((graph, profile, axes))
+        if emu.fault_on is not None and emu.fault_on(graph, profile, axes):
+            stream.fault = "CUDA error: an illegal memory access was encountered"  # surfaces at the next sync
+        return True
+
+
+def _read(address: int, nbytes: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    raw = _bytes(address, nbytes)
+    if dtype == "bfloat16":
+        return raw.view(torch.bfloat16).float().numpy().reshape(shape)  # computed in fp32
+    return raw.numpy().view(DTYPES[dtype].numpy).reshape(shape).copy()
+
+
+def _encode(value: np.ndarray, dtype: str) -> bytes:
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)).to(torch.bfloat16).view(
+            torch.uint8).numpy().tobytes()
+    return np.ascontiguousarray(value, dtype=DTYPES[dtype].numpy).tobytes()
+
+
+# ---- the emulator ------------------------------------------------------------------------------------------
+
+
+def _fp32_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same graph with every bfloat16 tensor, cast and value in float32 (ONNX Runtime's CPU provider has no
+    bf16 kernels). Inputs and outputs become float32 too; the emulator converts at the bound memory."""
+    bf16, f32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+
+    def fix_tensor(t: onnx.TensorProto) -> None:
+        if t.data_type == bf16:
+            arr = numpy_helper.to_array(t).astype(np.float32)
+            t.CopyFrom(numpy_helper.from_array(arr, t.name))
+
+    def fix_graph(g: onnx.GraphProto) -> None:
+        for t in g.initializer:
+            fix_tensor(t)
+        for vi in (*g.input, *g.output, *g.value_info):
+            if vi.type.tensor_type.elem_type == bf16:
+                vi.type.tensor_type.elem_type = f32
+        for node in g.node:
+            for a in node.attribute:
+                if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == bf16:
+                    a.i = f32
+                if a.type == onnx.AttributeProto.TENSOR:
+                    fix_tensor(a.t)
+                if a.type == onnx.AttributeProto.GRAPH:
+                    fix_graph(a.g)
+                for sub in a.graphs:
+                    fix_graph(sub)
+
+    fix_graph(model.graph)
+    return model
+
+
+class TrtEmulator:
+    """One artifact's engines, emulated: the lib stand-in, the device memory, and what ran."""
+
+    def __init__(self, directory: Path, manifest: Manifest, compute_capability: tuple[int, int] = (8, 9),
+                 threads: int = 1):
+        if manifest.engines is None:
+            from eagle_export.errors import EngineError
+
+            raise EngineError(f"{directory} has no TensorRT engines: run `eagle-export build {directory}` first")
+        self.directory = Path(directory)
+        self.manifest = manifest
+        self.threads = threads
+        self.mem = EmulatedMemory(compute_capability)
+        info = manifest.engines
+        self._by_digest = {}
+        for name, entry in info.graphs.items():
+            path = self.directory / entry.file
+            if path.is_file():
+                self._by_digest[hashlib.sha256(path.read_bytes()).hexdigest()] = name
+        self.lib = TrtLib(info.lib, _Module(self), info.lib_version)
+        self.executions: list[tuple[str, int, dict]] = []
+        # Tests: a predicate (graph, profile, axes) -> bool on which a call faults on the "device".
+        self.fault_on = None
+        self._sessions: dict[str, ort.InferenceSession] = {}
+
+    def graph_of(self, data: bytes) -> str | None:
+        return self._by_digest.get(hashlib.sha256(data).hexdigest())
+
+    def session(self, graph: str) -> ort.InferenceSession:
+        s = self._sessions.get(graph)
+        if s is None:
+            path = self.directory / self.manifest.graphs[graph].file
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = self.threads
+            opts.log_severity_level = 3
+            if self.manifest.dtype == "bfloat16":
+                model = _fp32_copy(onnx.load(str(path)))
+                s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            else:
+                s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self._sessions[graph] = s
+        return s
+
+    def backend(self, **options) -> TrtBackend:
+        be = TrtBackend(self.directory, self.manifest, lib=self.lib, mem=self.mem, **options)
+        be.emulator = self  # what ran, for tests
+        return be
+
+
+def emulated_backend(directory: str | Path, compute_capability: tuple[int, int] = (8, 9), **options) -> TrtBackend:
+    """A ``TrtBackend`` over the artifact's engines, executed by the emulator on the CPU."""
+    directory = Path(directory)
+    return TrtEmulator(directory, load_manifest(directory), compute_capability).backend(**options)
+
+
+def emulated_runtime(directory: str | Path, prefill_chunk: int = 256, **options):
+    """An ``EagleRuntime`` whose backend is the emulated ``TrtBackend`` (as ``EagleRuntime.open(backend=
+    "tensorrt")`` would build it on a GPU)."""
+    from eagle_export.runtime.api import EagleRuntime, _load_tokenizer
+
+    be = emulated_backend(directory, **options)
+    directory = Path(directory)
+    m = load_manifest(directory)
+    tok = _load_tokenizer(directory) if m.has_tokenizer else None
+    return EagleRuntime(directory, m, be, tok, min(prefill_chunk, be.max_prefill))
