@@ -346,3 +346,30 @@ def test_run_takes_the_callers_random_source(models):
     got = [t for c in rt.generator.run([4, 8, 15], 24, stop_on_eos=False, sampling=sp.with_seed(None),
                                        rng=np.random.default_rng(11)) for t in c]
     assert got == want
+
+
+def test_batched_on_the_emulated_tensorrt_backend(models, tmp_path):
+    """The real TrtBackend, executed by the CPU emulator (TensorRT's rules enforced on every call), on engines built
+    from an artifact exported with --max-batch 4: a batched run of more requests than slots equals the
+    single-sequence ONNX Runtime runtime, token for token (greedy, EAGLE and --no-draft)."""
+    import shutil
+
+    from conftest import ENGINE_MODEL
+
+    from eagle_export.engines.builder import BuildOptions, build_engines
+    from eagle_export.manifest import load_manifest
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    art = shutil.copytree(models(max_batch=B, **ENGINE_MODEL)[2], tmp_path / "art")
+    build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=16), progress=False)
+    be = emulated_backend(art)
+    rt = EagleRuntime(art, load_manifest(art), be, None, min(16, be.max_prefill), max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    rng = np.random.default_rng(4)
+    reqs = [(rng.integers(3, 48, size=int(rng.integers(1, 30))).tolist(), int(rng.integers(4, 30))) for _ in range(7)]
+    tree = TreeParams(top_k=4, depth=3, total_tokens=12)
+    for kw in (dict(tree=tree), dict(use_draft=False)):
+        for (p, n), got in zip(reqs, run_batched(rt, reqs, **kw), strict=True):
+            assert got.tokens == single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw).tokens
+    assert max(rt.scheduler.active_per_round) == B
+    rt.close()
