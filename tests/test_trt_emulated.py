@@ -145,9 +145,9 @@ def test_an_unaligned_output_goes_through_scratch_and_a_planted_alignment_bug_br
     def call(shift: int) -> np.ndarray:
         gen._ids.array[:3] = [3, 4, 5]
         gen._pos.array[:3] = [0, 1, 2]
-        gen._causal_mask(3, 0)
+        gen._causal(3, 0)
         gen._lidx.array[0] = 2
-        fixed, outs = gen._target_io(3, 1)
+        fixed, outs = gen._target_io(1, 3, 1)  # batch 1, 3 new rows, 1 logits row
         outs = dict(outs)
         outs[C.LOGITS] = outs[C.LOGITS]._replace(address=outs[C.LOGITS].address + shift)
         inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
@@ -249,7 +249,7 @@ def test_the_staging_event_is_recorded_when_a_later_input_fails(engines):
     g = be.graphs[C.TARGET_GRAPH]
     ctx = g.contexts[0]
     ctx.set_input_shape = lambda name, shape, real=ctx.set_input_shape: name != C.POSITION_IDS and real(name, shape)
-    fixed, outs = gen._target_io(3, 1)
+    fixed, outs = gen._target_io(1, 3, 1)  # batch 1, 3 new rows, 1 logits row
     inputs = {**fixed, C.ATTENTION_MASK: gen._mask.view((1, 3, 3)),
               **dict(zip(C.past_names(layers), gen.tcache.views(0, 0), strict=True))}
     assert not g.h2d_pending
