@@ -37,11 +37,12 @@ def main() -> None:
 
 
 @main.command("export")
-@click.option("--target", "target_dir", required=True, type=click.Path(path_type=Path),
-              help="Hugging Face target directory (config.json + safetensors).")
-@click.option("--draft", "draft_dir", required=True, type=click.Path(path_type=Path),
+@click.option("--target", "target_dir", required=True,
+              help="Hugging Face target directory (config.json + safetensors), or a Hub repo id (org/name) "
+                   "resolved through the Hugging Face cache (HF_HUB_OFFLINE=1: cache only).")
+@click.option("--draft", "draft_dir", required=True,
               help="EAGLE head directory, EAGLE-1/2 (layers.0.*) or EAGLE-3 (midlayer.*): config.json + "
-                   "model.safetensors or pytorch_model.bin.")
+                   "model.safetensors or pytorch_model.bin; or a Hub repo id, as --target.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
@@ -66,7 +67,10 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
                top_k, depth, total_tokens, max_batch, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_artifact
+    from .export.hub import resolve_checkpoint
 
+    target_dir = resolve_checkpoint(target_dir, "--target", progress=not quiet)
+    draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
@@ -116,6 +120,9 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @main.command("generate")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--prompt", help="Prompt text (needs the artifact's tokenizer).")
+@click.option("--chat", is_flag=True,
+              help="Send --prompt as one user message through the tokenizer's chat template (with the generation "
+                   "prompt appended).")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
@@ -137,14 +144,17 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
               help="ort: ONNX Runtime on the ONNX graphs; tensorrt: the engines of `eagle-export build` (CUDA GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
+def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
                  temperature, top_p, top_k_sampling, seed, samples, backend, as_json) -> None:
     """Generate from ARTIFACT (a directory made by `eagle-export export`)."""
     from .runtime import EagleRuntime
+    from .runtime.chat import user_message
     from .runtime.sampling import SamplingParams
 
     if (prompt is None) == (prompt_ids is None):
         raise EagleExportError("give exactly one of --prompt or --prompt-ids")
+    if chat and prompt is None:
+        raise EagleExportError("--chat applies the chat template to --prompt text: it cannot be used with --prompt-ids")
     if samples is not None and samples < 1:
         raise EagleExportError(f"--samples must be >= 1, got {samples}")
     sampling = SamplingParams(temperature, top_p, top_k_sampling, seed).validate()
@@ -159,6 +169,8 @@ def generate_cmd(artifact, prompt, prompt_ids, max_new_tokens, top_k, depth, tot
     kwargs = dict(max_new_tokens=max_new_tokens, tree=tree, use_draft=not no_draft, stop_on_eos=not ignore_eos)
     if prompt_ids is not None:
         kwargs["prompt_ids"] = _parse_ids(prompt_ids)
+    if chat:
+        kwargs["messages"], prompt = user_message(prompt), None
     settings = {"mode": "no-draft" if no_draft else "eagle", "tree": None if no_draft else tree.to_dict(),
                 "sampling": None if sampling is None else sampling.to_dict()}
     if samples is not None:
@@ -222,32 +234,45 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
               help="Random prompts for the end-to-end checks (0 skips them).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Tokens generated per prompt in the end-to-end checks.")
-@click.option("--target", "target_dir", type=click.Path(path_type=Path), default=None,
-              help="Original target checkpoint (default: the manifest's target.source).")
-@click.option("--draft", "draft_dir", type=click.Path(path_type=Path), default=None,
-              help="Original draft checkpoint (default: the manifest's draft.source).")
+@click.option("--prompts-file", type=click.Path(path_type=Path), default=None,
+              help='JSON lines for the end-to-end checks instead of random prompts, each {"prompt": "text"}, '
+                   '{"prompt_ids": [1, 2, 3]} or {"messages": [...]}.')
+@click.option("--target", "target_dir", default=None,
+              help="Original target checkpoint, a directory or a Hub repo id in the Hugging Face cache (default: "
+                   "the manifest's target.source).")
+@click.option("--draft", "draft_dir", default=None,
+              help="Original draft checkpoint, a directory or a Hub repo id (default: the manifest's draft.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
-def validate_cmd(artifact, backend, prompts, max_new_tokens, target_dir, draft_dir, seed, threads, as_json) -> None:
+def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, target_dir, draft_dir, seed, threads,
+                 as_json) -> None:
     """Check ARTIFACT against the PyTorch model: every graph output, greedy tokens, EAGLE rounds.
 
     Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
     """
+    from .export.hub import resolve_checkpoint
+    from .prompts import read_prompts
     from .tools.validate import validate
 
+    if target_dir is not None:
+        target_dir = resolve_checkpoint(target_dir, "--target", progress=not as_json)
+    if draft_dir is not None:
+        draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not as_json)
+    specs = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[validate] {msg}", err=True))
     report = validate(artifact, backend=backend, prompts=prompts, max_new_tokens=max_new_tokens, target=target_dir,
-                      draft=draft_dir, seed=seed, threads=threads, log=log)
+                      draft=draft_dir, seed=seed, threads=threads, log=log, prompt_specs=specs)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
     sys.exit(0 if report.passed else 1)
 
 
-# The prompt set of bench and tune (tools/bench.py reads it).
+# The prompt set of bench and tune (eagle_export/prompts.py reads it, as for validate --prompts-file).
 _PROMPTS_FILE = click.option(
     "--prompts", "prompts_file", type=click.Path(path_type=Path), default=None,
-    help='JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]} (default: a small built-in set).')
+    help='JSON lines, each {"prompt": "text"}, {"prompt_ids": [1, 2, 3]} or {"messages": [{"role": "user", '
+         '"content": "text"}]} (default: a small built-in set).')
 
 
 @main.command("bench")
@@ -272,7 +297,8 @@ _PROMPTS_FILE = click.option(
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
               plot_file, concurrency, requests) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
-    from .tools.bench import bench, plot_n_alpha, read_prompts, require_matplotlib
+    from .prompts import read_prompts
+    from .tools.bench import bench, plot_n_alpha, require_matplotlib
 
     if plot_file is not None:
         require_matplotlib()  # fail before the bench runs, not after
@@ -334,7 +360,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
 
     Exit status 0 when done, 1 when a setting was lossy (nothing written), 2 on an error in what you give.
     """
-    from .tools.bench import read_prompts, require_matplotlib
+    from .prompts import read_prompts
+    from .tools.bench import require_matplotlib
     from .tools.tune import Grid, plot_speedup, tune, write_winner
 
     Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything

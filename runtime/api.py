@@ -3,6 +3,7 @@
     from eagle_export.runtime import EagleRuntime
     rt = EagleRuntime.open("artifacts/tiny")
     print(rt.generate("Hello", max_new_tokens=32).text)
+    rt.generate(messages=[{"role": "user", "content": "Hello"}])   # through the tokenizer's chat template
     stream = rt.stream(prompt_ids=[1, 2, 3], max_new_tokens=32)
     for tokens in stream:          # lists of token ids, as each round commits them
         ...
@@ -32,6 +33,7 @@ from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
+from .chat import chat_prompt_ids
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
@@ -177,25 +179,38 @@ class EagleRuntime:
         ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
         return list(ids)
 
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Prompt ids of a conversation under the tokenizer's chat template, ending with the generation prompt."""
+        return chat_prompt_ids(self.tokenizer, messages, str(self.directory))
+
     def decode(self, tokens: list[int]) -> str | None:
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     # ---- generation --------------------------------------------------------------------------
-    def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
+    def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
+               messages: list[dict] | None = None, max_new_tokens: int = 64,
                tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
                sampling: SamplingParams | None = None, on_round=None) -> GenerationStream:
-        """sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
+        """The prompt is one of: ``prompt`` (text, encoded with the tokenizer's special tokens), ``prompt_ids``,
+        or ``messages`` (a list of ``{"role", "content"}``, through the tokenizer's chat template with the
+        generation prompt appended).
+        sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
         random source of this request's own, seeded with ``sampling.seed``.
         on_round: optional per-round trace hook (see ``Generator.run``)."""
+        if sum(x is not None for x in (prompt, prompt_ids, messages)) != 1:
+            raise GenerationError("give exactly one of prompt (text), prompt_ids or messages")
+        if prompt is not None and not isinstance(prompt, str):
+            raise GenerationError(f"prompt must be text, got a {type(prompt).__name__}: pass token ids as "
+                                  "prompt_ids=[...] and a conversation as messages=[...]")
+        if messages is not None:
+            prompt, prompt_ids = None, self.encode_chat(messages)
         if self.generator is None:
             if on_round is not None:
                 raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
             return self.submit(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, tree=tree,
                                use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sampling)
-        if (prompt is None) == (prompt_ids is None):
-            raise GenerationError("give exactly one of prompt (text) or prompt_ids")
         ids = self.encode(prompt) if prompt is not None else prompt_ids
         gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
                                  sampling=sampling, on_round=on_round)

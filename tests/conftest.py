@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ import torch
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.tools.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeLimits
+
+# Tests never download: a name that is no local path (a repo id for --target/--draft) stays on the local hub cache.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # A small vocabulary keeps random drafts' top-k covering the target's choice often enough that
 # trees get accepted several levels deep, so commit and rollback paths are exercised.

@@ -23,7 +23,6 @@ What is measured (see docs/bench.md):
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
+from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
 from eagle_export.tree_params import TreeParams
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
@@ -41,55 +41,10 @@ ID_PROMPT_RULES = [(7, 3, 12), (5, 4, 20), (11, 1, 8), (3, 2, 16)]  # ids (a * i
 
 
 class BenchError(EagleExportError):
-    """A bad bench request: a malformed prompts file, a text prompt without a tokenizer, --plot without matplotlib."""
+    """A bad bench request: bad settings, --plot without matplotlib (prompt files: eagle_export.prompts)."""
 
 
 # ---- prompts -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    source: str  # "builtin 1" or "FILE:LINE", used in error messages
-    text: str | None = None
-    ids: tuple[int, ...] | None = None
-
-
-def read_prompts(path: str | Path) -> list[PromptSpec]:
-    """JSON lines, each {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}; blank lines are skipped."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BenchError(f"cannot read the prompts file {path}: {e}") from None
-    specs = []
-    for no, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        want = 'each line must be a JSON object {"prompt": "text"} or {"prompt_ids": [1, 2, 3]}'
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BenchError(f"{where}: not valid JSON ({e.msg}): {want}") from None
-        if not isinstance(obj, dict) or len(obj.keys() & {"prompt", "prompt_ids"}) != 1:
-            raise BenchError(f"{where}: {want}")
-        extra = sorted(set(obj) - {"prompt", "prompt_ids"})
-        if extra:
-            raise BenchError(f"{where}: unknown key(s) {', '.join(extra)}: {want}")
-        if "prompt" in obj:
-            text = obj["prompt"]
-            if not isinstance(text, str) or not text:
-                raise BenchError(f"{where}: \"prompt\" must be a non-empty string")
-            specs.append(PromptSpec(where, text=text))
-        else:
-            ids = obj["prompt_ids"]
-            if (not isinstance(ids, list) or not ids
-                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids)):
-                raise BenchError(f"{where}: \"prompt_ids\" must be a non-empty list of integers")
-            specs.append(PromptSpec(where, ids=tuple(ids)))
-    if not specs:
-        raise BenchError(f"{path}: no prompts (the file has no non-blank lines)")
-    return specs
 
 
 def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
@@ -97,19 +52,6 @@ def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
         return [PromptSpec(f"builtin {i + 1}", text=t) for i, t in enumerate(TEXT_PROMPTS)]
     return [PromptSpec(f"builtin {i + 1}", ids=tuple((a * j + b) % vocab for j in range(n)))
             for i, (a, b, n) in enumerate(ID_PROMPT_RULES)]
-
-
-def _prompt_ids(rt, spec: PromptSpec) -> list[int]:
-    if spec.text is not None:
-        if rt.tokenizer is None:
-            raise BenchError(f"{spec.source}: a text prompt needs the artifact's tokenizer, and {rt.directory} has "
-                             'none: give token ids instead ({"prompt_ids": [1, 2, 3]})')
-        return rt.encode(spec.text)
-    vocab = rt.manifest.target.vocab_size
-    bad = [x for x in spec.ids if not 0 <= x < vocab]
-    if bad:
-        raise BenchError(f"{spec.source}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
-    return list(spec.ids)
 
 
 # ---- timing proxy ------------------------------------------------------------------------------
@@ -339,7 +281,7 @@ class PairedSession:
             if specs is None:
                 specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
             self.specs: list[PromptSpec] = specs
-            self.prompt_ids = [_prompt_ids(self.rt, s) for s in specs]
+            self.prompt_ids = [prompt_ids(self.rt, s) for s in specs]
             self._installed = _Installed(self.rt)
             self.proxy = self._installed.__enter__()
         except BaseException:

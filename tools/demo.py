@@ -20,8 +20,9 @@ import click
 
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.manifest import MANIFEST_NAME
+from eagle_export.prompts import read_prompts
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.bench import bench, read_prompts
+from eagle_export.tools.bench import bench
 from eagle_export.tree_params import TreeParams
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixture"

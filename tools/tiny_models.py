@@ -193,8 +193,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_TO_CHAR = _bytes_to_unicode()
 
 
+# A chat template in the Llama-2 style over the tiny tokenizer's own specials: each turn ends with </s> (eos),
+# and the generation prompt opens the assistant's turn.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
 def make_tiny_tokenizer(
-    out_dir: str | Path, vocab_size: int = 256, *, full_byte_alphabet: bool | None = None
+    out_dir: str | Path, vocab_size: int = 256, *, full_byte_alphabet: bool | None = None,
+    chat_template: str | None = None,
 ):
     """Train a byte-level BPE on the built-in corpus and save it (PreTrainedTokenizerFast) to out_dir.
 
@@ -202,6 +211,7 @@ def make_tiny_tokenizer(
     ``full_byte_alphabet``: all 256 bytes in the base vocab (lossless for any text); default is
     True only when vocab_size >= 320, because 256 bytes + 3 specials do not fit in 256. With the
     restricted alphabet (printable ASCII, tab, newline) other bytes encode as <unk>.
+    ``chat_template``: a Jinja chat template saved with it (e.g. TINY_CHAT_TEMPLATE; None: none).
     Returns the transformers tokenizer; len(tokenizer) == vocab_size when the corpus allows.
     """
     from transformers import PreTrainedTokenizerFast
@@ -212,6 +222,8 @@ def make_tiny_tokenizer(
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+    if chat_template is not None:
+        hf_tok.chat_template = chat_template
     hf_tok.save_pretrained(out_dir)
     return hf_tok
 
@@ -229,6 +241,7 @@ def make_tiny_target(
     with_tokenizer: bool = True,
     initializer_range: float = 0.2,
     eos_token_id: int | None = None,
+    chat_template: str | None = None,
     **overrides: Any,
 ) -> Path:
     """Make a random fp32 HF target in out_dir (config.json, model.safetensors, tokenizer).
@@ -241,6 +254,7 @@ def make_tiny_target(
     With a tokenizer, vocab_size is len(tokenizer) (the tokenizer is trained to the requested
     vocab_size), bos/eos come from it. ``eos_token_id`` overrides the eos in config and
     generation_config (e.g. an id the model never emits, so generate runs to max_new_tokens).
+    ``chat_template``: saved with the tokenizer (needs ``with_tokenizer``).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
@@ -257,9 +271,11 @@ def make_tiny_target(
     if family not in FAMILY_CLASSES:
         raise ValueError(f"unknown model_type {family!r}; known: {sorted(FAMILY_CLASSES)}")
 
+    if chat_template is not None and not with_tokenizer:
+        raise ValueError("chat_template needs with_tokenizer=True")
     bos_id, eos_id = 1, 2
     if with_tokenizer:
-        tok = make_tiny_tokenizer(out_dir, vocab_size=int(kw["vocab_size"]))
+        tok = make_tiny_tokenizer(out_dir, vocab_size=int(kw["vocab_size"]), chat_template=chat_template)
         kw["vocab_size"] = len(tok)
         bos_id, eos_id = tok.bos_token_id, tok.eos_token_id
     if eos_token_id is not None:

@@ -726,8 +726,11 @@ def _check_sources(m: Manifest, target, draft) -> None:
 
 def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_new_tokens: int = 32,
              target: str | Path | None = None, draft: str | Path | None = None, seed: int = 0,
-             threads: int | None = None, log=None) -> ValidationReport:
+             threads: int | None = None, log=None, prompt_specs=None) -> ValidationReport:
     """Run every check; user errors raise EagleExportError, a failed check is ``report.passed == False``.
+
+    prompt_specs: the end-to-end checks' prompts (``eagle_export.prompts.PromptSpec``s, e.g. from a prompts
+    file; text and messages through the artifact's tokenizer) instead of ``prompts`` random ones.
 
     threads: intra-op threads for PyTorch and the runtime's ONNX Runtime sessions (None: their
     defaults). Tiny models run fastest with 1: their forwards are too small to split.
@@ -738,15 +741,17 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log)
+        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log, prompt_specs)
     finally:
         torch.set_num_threads(before)
 
 
-def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log) -> ValidationReport:
+def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
+              prompt_specs=None) -> ValidationReport:
     from eagle_export.errors import CheckpointError
     from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
     from eagle_export.export.modules import DraftStep, TargetVerify
+    from eagle_export.prompts import prompt_ids
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.oracle import EagleOracle
 
@@ -764,6 +769,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
             "need a CUDA GPU to run): validate the ONNX graphs with --backend ort")
     # Opening the runtime checks every graph file loads, before any long work.
     rt = EagleRuntime.open(directory, backend="ort", threads=threads)
+    given = None if prompt_specs is None else [prompt_ids(rt, s) for s in prompt_specs]  # bad lines fail here
     sources = {}
     for part, override in (("target", target), ("draft", draft)):
         src = Path(override) if override is not None else Path(getattr(m, part).source)
@@ -801,11 +807,12 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
     tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
-    if prompts:
-        log(f"generating {prompts} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
+    if prompts or given:
         vocab = m.target.vocab_size
-        plist = [rng.integers(0, vocab, int(rng.integers(1, max(2, min(24, m.max_seq_len - 1) + 1)))).tolist()
-                 for _ in range(prompts)]
+        plist = given if given is not None else [
+            rng.integers(0, vocab, int(rng.integers(1, max(2, min(24, m.max_seq_len - 1) + 1)))).tolist()
+            for _ in range(prompts)]
+        log(f"generating {len(plist)} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
         oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
         greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap)
     else:
