@@ -276,7 +276,7 @@ _PROMPTS_FILE = click.option(
 
 
 @main.command("bench")
-@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("artifact", type=click.Path(path_type=Path), required=False)
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt and mode (greedy, EOS ignored).")
@@ -294,16 +294,36 @@ _PROMPTS_FILE = click.option(
                    "EAGLE and batched --no-draft side by side (the artifact needs `export --max-batch N`).")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="With --concurrency: requests per pass, M [default: 2 x the largest N, at least the prompts].")
+@click.option("--url", default=None,
+              help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
+                   "see docs/serve.md).")
+@click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
+              help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests) -> None:
-    """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
+              plot_file, concurrency, requests, url, api_key) -> None:
+    """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
+    docs/bench.md)."""
     from .prompts import read_prompts
     from .tools.bench import bench, plot_n_alpha, require_matplotlib
 
-    if plot_file is not None:
+    if (artifact is None) == (url is None):
+        raise EagleExportError("give ARTIFACT, or --url of a running `eagle-export serve` (not both)")
+    if plot_file is not None and url is None:
         require_matplotlib()  # fail before the bench runs, not after
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    if url is not None:
+        from .tools.bench_http import bench_http
+
+        if plot_file is not None:
+            raise EagleExportError("--plot is not available with --url (plot an in-process bench --concurrency)")
+        given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
+                 if v is not None}
+        report = bench_http(url, concurrency=_parse_ids(concurrency or "1", "--concurrency"), requests=requests,
+                            prompts=prompts, max_new_tokens=max_new_tokens, tree=given or None, api_key=api_key,
+                            log=log)
+        click.echo(json.dumps(report.to_dict()) if as_json else report.format())
+        return
     if concurrency is not None:
         from .tools.bench_concurrency import bench_concurrency, plot_throughput
 

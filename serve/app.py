@@ -160,6 +160,7 @@ def build_app(engine: ServeEngine, api_key: str | None = None) -> FastAPI:
         return {"object": "list", "data": [{
             "id": engine.model_name, "object": "model", "created": 0, "owned_by": "eagle-export",
             "eagle": {"variant": man.variant, "capacity": engine.capacity, "max_batch": engine.rt.max_batch,
+                      "vocab_size": man.target.vocab_size, "has_tokenizer": engine.rt.tokenizer is not None,
                       "tree_defaults": man.tree_defaults.to_dict(), "max_prompt_tokens": engine.max_prompt_tokens}}]}
 
     @app.post("/v1/completions")

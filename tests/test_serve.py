@@ -6,6 +6,7 @@ bounded queue; the CLI command."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ import time
 
 import httpx
 import pytest
+from cli_run import fail, ok
 from live_server import LiveServer, metric, sse_events
 from openai import OpenAI
 
@@ -284,6 +286,28 @@ def test_a_client_that_disconnects_frees_its_slot(art):
             assert h.get("/health").status_code == 200
 
 
+def test_per_request_timeout_cancels_and_answers(art):
+    """A 0.3 s timeout: a whole 480-token request gets a 504 JSON error, a streamed one an error event and [DONE];
+    both are cancelled (in-flight back to 0) and the server goes on serving."""
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, max_batch=2, timeout_s=0.3)) as s, s.client() as h:
+        long = {"model": MODEL, "prompt": "hello", "max_tokens": 480, "temperature": 0, "eagle": {"ignore_eos": True}}
+        t0 = time.perf_counter()
+        r = h.post("/v1/completions", json=long)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert time.perf_counter() - t0 < 3
+        with h.stream("POST", "/v1/completions", json={**long, "stream": True}) as r:
+            events = sse_events(r.iter_lines())
+        assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "timeout"
+        deadline = time.monotonic() + 10
+        while metric(h.get("/metrics").text, "eagle_requests_in_flight") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        text = h.get("/metrics").text
+        assert metric(text, "eagle_requests_in_flight") == 0
+        assert metric(text, "eagle_requests_total", endpoint="/v1/completions", status="timeout") == 2
+        assert metric(text, "eagle_generation_tokens_total") < 2 * 480
+        assert h.post("/v1/completions", json={**OK, "temperature": 0}).status_code == 200
+
+
 # ---- safe defaults: API key, bounded queue, body size --------------------------------------------------
 
 
@@ -335,6 +359,26 @@ def test_api_key_queue_full_and_body_cap(art, ref):
         assert metric(text, "eagle_requests_in_flight") == 0
         print(f"\n--max-queue 2, 2 slots, 16 clients: {codes.count(200)} served, {codes.count(429)} refused "
               f"(slowest 429 {max(refused) * 1e3:.0f} ms)")
+
+
+# ---- bench --url -------------------------------------------------------------------------------------
+
+
+def test_bench_url_reports_the_in_process_figures(server, art):
+    """bench --url against the server and bench --concurrency in-process, same prompts and lengths: the same JSON
+    keys, the same tokens (lossless both), the same tau (acceptance does not depend on the batch)."""
+    args = ["--concurrency", "2", "--requests", "4", "--max-new-tokens", "16", "--json"]
+    remote = json.loads(ok("bench", "--url", server.url, *args).stdout)["aggregate"]
+    local = json.loads(ok("bench", art, *args).stdout)["aggregate"]
+    assert set(remote) >= set(local) - {"artifact", "backend", "threads", "peak_rss_mb"}
+    assert set(remote["eagle"]) == set(local["eagle"])
+    assert remote["lossless"] and local["lossless"]
+    assert remote["eagle"]["tokens"] == local["eagle"]["tokens"] == 4 * 16
+    assert remote["tau"] == pytest.approx(local["tau"])
+    assert remote["eagle"]["rounds"] > 0 and remote["eagle"]["mean_active"] >= 1
+    assert remote["throughput_tokens_per_s"]["eagle"] > 0
+    fail("bench", "--url", "http://127.0.0.1:9", *args, expect=("no server answers",))
+    fail("bench", *args, expect=("give ARTIFACT, or --url",))
 
 
 # ---- the command line ----------------------------------------------------------------------------------

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export import contract as C
+from eagle_export.prompts import prompt_ids as _prompt_ids
 from eagle_export.tree_params import TreeParams
 
-from .bench import BenchError, PromptSpec, TimingBackend, _prompt_ids, builtin_prompts, peak_rss_mb, read_prompts
+from .bench import BenchError, PromptSpec, TimingBackend, builtin_prompts, peak_rss_mb, read_prompts
 
 
 def percentile(values: list[float], q: float) -> float:
