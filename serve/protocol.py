@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 # OpenAI's own bounds (temperature 0..2, n and stop lists); the runtime checks the rest (tree limits, capacity).
 MAX_N = 16
@@ -46,6 +46,19 @@ class _Generation(_Strict):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     eagle: EagleOptions | None = None
+    # OpenAI fields this server does not implement, accepted only at their neutral value (many clients send them
+    # that way); any other value is a 400 naming the field, never silently ignored
+    presence_penalty: StrictFloat | StrictInt | None = None
+    frequency_penalty: StrictFloat | StrictInt | None = None
+    logit_bias: dict | None = None
+    logprobs: StrictBool | StrictInt | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+    @classmethod
+    def _neutral(cls, v):
+        if v not in (None, 0, False, {}):
+            raise ValueError("not supported by this server (only its neutral value: 0, false, null or {})")
+        return v
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -87,7 +100,7 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     # a union's member name (e.g. 'str', 'list[int]') is noise in the path the client sees
     path = ".".join(x for x in loc if not any(c in x for c in "[]") and x not in ("str", "int", "float", "bool",
                                                                                    "function-after"))
-    msg = e.get("msg", "invalid value")
+    msg = e.get("msg", "invalid value").removeprefix("Value error, ")
     if e.get("type") == "extra_forbidden":
         msg = "unknown field (not supported by this server)"
     elif e.get("type") == "json_invalid":

@@ -215,6 +215,8 @@ BAD = [
     ("/v1/completions", {**OK, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {**OK, "stop": 3}, 400, "stop"),
     ("/v1/completions", {**OK, "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/completions", {**OK, "best_of": 2}, 400, "best_of"),
     ("/v1/completions", {**OK, "prompt": 5}, 400, "prompt"),
     ("/v1/completions", {**OK, "prompt": [1, 999]}, 400, None),  # an id outside the vocabulary (the runtime)
     ("/v1/completions", {**OK, "prompt": list(range(1, 200)) * 3}, 400, "prompt"),  # 597 tokens > capacity 512
@@ -251,6 +253,8 @@ def test_bad_requests_are_4xx_json_and_the_server_survives(server):
         # still serving, and the refusals were counted
         assert h.get("/health").json()["status"] == "ok"
         assert h.post("/v1/completions", json={**OK, "temperature": 0}).status_code == 200
+        neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "logprobs": None, "user": "u"}
+        assert h.post("/v1/completions", json={**OK, **neutral}).status_code == 200
         after = metric(h.get("/metrics").text, "eagle_requests_total", endpoint="/v1/completions",
                        status="bad_request")
     assert after - before >= sum(1 for p, *_ in BAD if p == "/v1/completions")

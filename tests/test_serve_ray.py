@@ -10,6 +10,7 @@ import threading
 
 import httpx
 import pytest
+from live_server import sse_events
 
 from eagle_export.runtime import EagleRuntime
 from eagle_export.serve import ServeOptions
@@ -74,6 +75,12 @@ def test_two_ray_serve_replicas_answer_and_are_lossless(art):
         assert all(ids == want[p] for p, _, _, ids in results)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as h:
             assert h.get("/health").json()["status"] == "ok"
+            body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0, "stream": True,
+                    "eagle": {"ignore_eos": True}}
+            with h.stream("POST", "/v1/completions", json=body) as r:  # server-sent events through Ray's proxy
+                events = sse_events(r.iter_lines())
+            assert events[-1] == "[DONE]"
+            assert [t for e in events[:-1] for c in e["choices"] for t in c["token_ids"]] == want[PROMPTS[1]]
             assert h.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": -1}).status_code \
                 == 400
         print(f"\nRay Serve: {len(results)} requests, answered by {sorted(replicas)}")
