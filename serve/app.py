@@ -231,7 +231,8 @@ def _start(engine: ServeEngine, body, chat: bool):
             max_new = max(engine.capacity - len(ids), 1) if chat else 16
         job = engine.submit(ids, n=body.n, max_new_tokens=max_new, tree=tree,
                             use_draft=tree is not None, stop_on_eos=not (opts is not None and opts.ignore_eos),
-                            temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+                            temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+                            per_round=body.stream or bool(body.stop_strings()))
     except QueueFull as e:
         raise ApiError(429, str(e), type_="rate_limit_error", code="queue_full") from None
     except PromptTooLong as e:

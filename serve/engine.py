@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle_export.errors import EagleExportError, GenerationError
@@ -61,7 +61,7 @@ class Job:
     queue: asyncio.Queue
     seeds: list[int | None]
     tree: TreeParams | None
-    ended: list[bool] = field(default_factory=list)
+    per_round: bool = True  # hand over every round (streams, stop strings); else only the end (fewer wake-ups)
 
     def cancel(self) -> None:
         for s in self.streams:
@@ -83,8 +83,8 @@ class ServeEngine:
         self.replica = f"{os.uname().nodename}:{os.getpid()}"
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._waiting = 0
-        rt.scheduler.on_round = self.metrics.observe_round
+        self._active = 0  # sequences in the last batched round
+        rt.scheduler.on_round = self._on_round
 
     @classmethod
     def open(cls, opts: ServeOptions) -> ServeEngine:
@@ -119,9 +119,11 @@ class ServeEngine:
 
     # ---- admission and submission -------------------------------------------------------------
     def submit(self, ids: list[int], *, n: int, max_new_tokens: int, tree: TreeParams | None, use_draft: bool,
-               stop_on_eos: bool, temperature: float, top_p: float, seed: int | None) -> Job:
+               stop_on_eos: bool, temperature: float, top_p: float, seed: int | None, per_round: bool = True) -> Job:
         """Admit n choices (or raise QueueFull), submit them, and start their pumps. A request the runtime refuses
-        (capacity, ids, settings) raises its GenerationError here, before any response is sent."""
+        (capacity, ids, settings) raises its GenerationError here, before any response is sent. per_round: hand
+        over every committed round (streaming, stop strings); False: only each choice's end, so the scheduler
+        thread is not woken up for a consumer thread every round."""
         sampling = SamplingParams(float(temperature), float(top_p), 0, seed).validate()
         if sampling.is_greedy:
             samplings, seeds = [None] * n, [None] * n
@@ -134,7 +136,6 @@ class ServeEngine:
                 raise QueueFull(f"the server is at capacity ({self.limit} requests in flight: {self.rt.max_batch} "
                                 f"batch slots + a queue of {self.opts.max_queue}); retry later")
             self._in_flight += n
-            self._waiting += n
         self._gauges()
         streams = []
         try:
@@ -149,18 +150,17 @@ class ServeEngine:
                 s.cancel()
             with self._lock:
                 self._in_flight -= n
-                self._waiting -= n
             self._gauges()
             raise
-        job = Job(streams, len(ids), asyncio.Queue(), seeds, tree if use_draft else None, [False] * n)
+        job = Job(streams, len(ids), asyncio.Queue(), seeds, tree if use_draft else None, per_round)
         loop = asyncio.get_running_loop()
         for i, s in enumerate(streams):
             threading.Thread(target=self._pump, args=(s, i, job, loop), name=f"eagle-pump-{i}", daemon=True).start()
         return job
 
     def _pump(self, stream, index: int, job: Job, loop: asyncio.AbstractEventLoop) -> None:
-        """Thread: the stream's rounds into the job's queue, then its end (a result or an exception)."""
-        first = True
+        """Thread: the stream's rounds (or, without ``per_round``, its tokens at the end) into the job's queue, then
+        its end (a result or an exception)."""
 
         def put(item) -> None:
             try:
@@ -168,33 +168,34 @@ class ServeEngine:
             except RuntimeError:  # the loop is gone (server shutting down)
                 pass
 
-        def started() -> None:
-            nonlocal first
-            if first:
-                first = False
-                with self._lock:
-                    self._waiting -= 1
-                self._gauges()
-
         try:
-            for tokens in stream:
-                started()
-                self.metrics.generation_tokens.inc(len(tokens))
-                put((index, tokens))
-            self.metrics.observe_result(job.prompt_tokens, stream.result.stats)
-            put((index, stream.result))
+            if job.per_round:
+                for tokens in stream:
+                    self.metrics.generation_tokens.inc(len(tokens))
+                    put((index, tokens))
+                result = stream.result
+            else:
+                result = stream.wait()
+                self.metrics.generation_tokens.inc(len(result.tokens))
+                put((index, list(result.tokens)))
+            self.metrics.observe_result(job.prompt_tokens, result.stats, drafted=job.tree is not None)
+            put((index, result))
         except BaseException as e:  # noqa: BLE001 - handed to the request's coroutine
             put((index, e))
         finally:
-            started()
             with self._lock:
                 self._in_flight -= 1
             self._gauges()
 
+    def _on_round(self, seconds: float, active: int) -> None:
+        self.metrics.observe_round(seconds, active)
+        self._active = active
+        self._gauges()
+
     def _gauges(self) -> None:
         with self._lock:
             self.metrics.in_flight.set(self._in_flight)
-            self.metrics.queue_depth.set(max(self._waiting, 0))
+            self.metrics.queue_depth.set(max(self._in_flight - self._active, 0) if self._in_flight else 0)
 
     @property
     def in_flight(self) -> int:

@@ -22,14 +22,15 @@ class ServerMetrics:
         self.generation_tokens = Counter("eagle_generation_tokens", "Tokens generated (every choice, cancelled "
                                          "ones included)", registry=r)
         self.rounds = Counter("eagle_rounds", "EAGLE rounds (target forwards after prefill) of finished "
-                              "generations", registry=r)
+                              "generations that drafted (no_draft ones are not counted)", registry=r)
         self.accepted = Counter("eagle_accepted_draft_tokens", "Draft tokens accepted over those rounds; tau = "
                                 "(accepted + rounds) / rounds", registry=r)
         self.accept_length = Histogram("eagle_accept_length", "Draft tokens accepted per round",
                                        buckets=tuple(range(0, max_depth + 2)), registry=r)
         self.tau = Gauge("eagle_tau", "Committed tokens per target forward over every finished generation "
                          "(bonus token included)", registry=r)
-        self.queue_depth = Gauge("eagle_queue_depth", "Accepted requests waiting for a batch slot", registry=r)
+        self.queue_depth = Gauge("eagle_queue_depth", "Accepted requests waiting for a batch slot (in flight minus the "
+                                 "sequences of the last round)", registry=r)
         self.in_flight = Gauge("eagle_requests_in_flight", "Accepted requests not yet finished (queued or in a "
                                "slot)", registry=r)
         self.round_seconds = Histogram("eagle_round_seconds", "Wall time of one batched round (every active "
@@ -43,9 +44,11 @@ class ServerMetrics:
         self.round_seconds.observe(seconds)
         self.round_active.observe(active)
 
-    def observe_result(self, prompt_tokens: int, stats) -> None:
-        """A finished generation's usage and acceptance (``GenerationStats``)."""
+    def observe_result(self, prompt_tokens: int, stats, drafted: bool = True) -> None:
+        """A finished generation's usage and acceptance (``GenerationStats``; acceptance only when it drafted)."""
         self.prompt_tokens.inc(prompt_tokens)
+        if not drafted:
+            return
         self.rounds.inc(stats.rounds)
         self.accepted.inc(sum(stats.accept_lengths))
         for a in stats.accept_lengths:
