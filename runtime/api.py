@@ -15,7 +15,7 @@ thread to run them in parallel).
 
 Opened with ``max_batch=B`` (B > 1, at most the artifact's ``export --max-batch``), one runtime serves up to B
 sequences at once on one set of weights: ``submit(...)`` (thread-safe) returns a ``RequestStream`` per request,
-one scheduler thread runs batched rounds (runtime/batched.py), and ``stream``/``generate`` go through it too.
+one scheduler thread runs batched rounds (runtime/generator.py), and ``stream``/``generate`` go through it too.
 
     rt = EagleRuntime.open("artifacts/tiny", max_batch=4)
     streams = [rt.submit(prompt_ids=p, max_new_tokens=32) for p in prompts]
@@ -33,6 +33,7 @@ from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
+from .backend import Backend
 from .chat import chat_prompt_ids
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
@@ -106,21 +107,18 @@ class GenerationStream:
 
 
 class EagleRuntime:
-    def __init__(self, directory: Path, manifest: Manifest, backend, tokenizer=None, prefill_chunk: int = 256,
-                 max_batch: int = 1):
+    def __init__(self, directory: Path, manifest: Manifest, backend: Backend, tokenizer=None,
+                 prefill_chunk: int = 256, max_batch: int = 1):
         self.directory = directory
         self.manifest = manifest
         self.backend = backend
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self._prefill_chunk = prefill_chunk
         self._scheduler: Scheduler | None = None
         self._sched_lock = threading.Lock()
-        if max_batch == 1:
-            self.generator = Generator(manifest, backend, prefill_chunk)
-        else:  # every generation goes through the batched slots: one set of buffers
-            self.generator = None
-            self._batched()
+        # One set of buffers for max_batch sequences. With max_batch 1, stream/generate run a sequence on it in
+        # the caller's thread, under the lock; submit's scheduler thread takes the same lock while it has work.
+        self.generator = Generator(manifest, backend, prefill_chunk, slots=max_batch)
         self._lock = _OwnedLock()
 
     @property
@@ -129,13 +127,10 @@ class EagleRuntime:
         return self._batched()
 
     def _batched(self) -> Scheduler:
-        """The scheduler and its batched buffers (made at open for max_batch > 1, at the first submit for 1)."""
+        """The scheduler of this runtime's generator, made on first use (its thread starts at the first submit)."""
         with self._sched_lock:
             if self._scheduler is None:
-                from .batched import BatchedGenerator
-
-                self._scheduler = Scheduler(BatchedGenerator(self.manifest, self.backend, self.max_batch,
-                                                             self._prefill_chunk))
+                self._scheduler = Scheduler(self.generator, self._lock if self.max_batch == 1 else None)
             return self._scheduler
 
     @classmethod
@@ -162,9 +157,15 @@ class EagleRuntime:
             from .trt_backend import TrtBackend
 
             be = TrtBackend(directory, manifest)
-            prefill_chunk = min(prefill_chunk, be.max_prefill)  # prefill chunks must fit the prefill profile
         else:
             raise GenerationError(f"backend {backend!r} is not one of: {', '.join(BACKENDS)}")
+        if be.max_prefill is not None:  # prefill chunks must fit the engines' prefill profile
+            prefill_chunk = min(prefill_chunk, be.max_prefill)
+        if backend == "tensorrt" and manifest.engines is not None:
+            built = int(manifest.engines.options.get("max_batch") or 1)
+            if max_batch > built:
+                raise GenerationError(f"max_batch {max_batch} is above the engines' --max-batch {built}: rebuild "
+                                      f"with `eagle-export build {directory} --max-batch {max_batch}`")
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
         return cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch)
 
@@ -199,25 +200,29 @@ class EagleRuntime:
         sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
         random source of this request's own, seeded with ``sampling.seed``.
         on_round: optional per-round trace hook (see ``Generator.run``)."""
+        if self.max_batch > 1:
+            if on_round is not None:
+                raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
+            return self.submit(prompt, prompt_ids=prompt_ids, messages=messages, max_new_tokens=max_new_tokens,
+                               tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sampling)
+        ids = self._resolve_prompt(prompt, prompt_ids, messages)
+        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
+                                 sampling=sampling, on_round=on_round)
+        return GenerationStream(self, gen, self._lock)
+
+    def _resolve_prompt(self, prompt, prompt_ids, messages):
         if sum(x is not None for x in (prompt, prompt_ids, messages)) != 1:
             raise GenerationError("give exactly one of prompt (text), prompt_ids or messages")
         if prompt is not None and not isinstance(prompt, str):
             raise GenerationError(f"prompt must be text, got a {type(prompt).__name__}: pass token ids as "
                                   "prompt_ids=[...] and a conversation as messages=[...]")
         if messages is not None:
-            prompt, prompt_ids = None, self.encode_chat(messages)
-        if self.generator is None:
-            if on_round is not None:
-                raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
-            return self.submit(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, tree=tree,
-                               use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sampling)
-        ids = self.encode(prompt) if prompt is not None else prompt_ids
-        gen = self.generator.run(ids, max_new_tokens, tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos,
-                                 sampling=sampling, on_round=on_round)
-        return GenerationStream(self, gen, self._lock)
+            return self.encode_chat(messages)
+        return self.encode(prompt) if prompt is not None else prompt_ids
 
-    def submit(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None, max_new_tokens: int = 64,
-               tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
+    def submit(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
+               messages: list[dict] | None = None, max_new_tokens: int = 64, tree: TreeParams | None = None,
+               use_draft: bool = True, stop_on_eos: bool = True,
                sampling: SamplingParams | None = None) -> RequestStream:
         """Queue one generation for the batched scheduler (thread-safe) and return its stream at once.
 
@@ -225,9 +230,7 @@ class EagleRuntime:
         free. Its errors (a bad prompt, bad settings) fail this stream alone: they are raised when it is iterated
         or waited on. With max_batch 1 the scheduler serves one sequence at a time."""
         def make():
-            if (prompt is None) == (prompt_ids is None):
-                raise GenerationError("give exactly one of prompt (text) or prompt_ids")
-            ids = self.encode(prompt) if prompt is not None else prompt_ids
+            ids = self._resolve_prompt(prompt, prompt_ids, messages)
             return sched.gen.check(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling)
 
         sched = self._batched()

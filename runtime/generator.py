@@ -1,9 +1,26 @@
-"""The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit.
+"""The EAGLE loop: prefill, draft tree, one target verify per round, acceptance, KV commit, for one
+sequence or a batch of them.
 
-Backend-neutral: it talks to a backend through ``run(graph, inputs, outputs)`` with buffers it
-allocated once (caches and their new-rows scratch, output scratch, host arrays for ids, positions and
-masks), so ONNX Runtime and TensorRT share it. A backend that binds by address (``binds_views``) gets
-``BufferView``s of those buffers, made by arithmetic; others get torch tensors and numpy arrays.
+Backend-neutral: it talks to a backend only through the ``Backend`` interface (``backend.py``). It
+allocates every buffer once (caches and their new-rows scratch, output scratch, host arrays for ids,
+positions and masks) and passes ``BufferView``s of them to ``run``, made by address arithmetic.
+
+One ``Generator`` holds ``slots`` sequence slots (1 unless the runtime was opened with ``max_batch``). Each
+active sequence (a ``Slot``) has its own committed rows in both caches, its own tree, acceptance, sampling
+state, stop rule and stats. A round reads as the algorithm, for every active sequence at once:
+``_grow_tree`` (one draft call per tree level), ``_verify`` (one target call for every tree),
+``_accept_and_commit`` (per sequence) and ``_draft_context`` (one draft call for every sequence's committed
+tokens); a sequence joins with ``_prefill`` (its prompt alone, in chunks) and leaves when it finishes.
+Decoding without a draft is the same round with a root-only tree and no draft calls. ``run`` drives one
+sequence through these steps; the scheduler (``scheduler.py``) drives many.
+
+Ragged lengths share a call through the masks and positions (the graphs' batch axis is dynamic): each
+sequence's committed rows are a prefix of its cache region, the regions sit at a common stride, and a call
+over A >= 2 sequences binds ``[A, stride]`` rows with the mask hiding every row a sequence does not own (see
+``slots.py`` and docs/runtime.md, "Batched decoding"). One sequence binds exactly its committed rows, as before.
+A sequence that feeds fewer rows than the call's widest (a smaller tree, a shorter accepted path, a finished
+or no-draft sequence) gets padding rows that see only themselves; their outputs are never read and their K/V
+never kept, so padding never changes a token.
 
 Decoding is greedy unless a ``SamplingParams`` with temperature > 0 is given: then every place
 that takes the target's argmax (the prefill's root, the no-draft step, the verify acceptance)
@@ -22,18 +39,20 @@ import numpy as np
 import torch
 
 from eagle_export import contract as C
+from eagle_export.dtypes import torch_dtype
 from eagle_export.errors import GenerationError
 from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
-from .accept import accept_greedy, accept_sampling
+from .accept import Accepted, accept_greedy, accept_sampling
+from .backend import Backend
 from .kv_cache import KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
-from .tree import TreeGrower
+from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
+from .tree import Frontier, TreeGrower, VerifyTree
 from .views import HostScratch, RowBuffers
 
 log = logging.getLogger(__name__)
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
@@ -74,213 +93,574 @@ class GenerationResult:
                 "prompt_tokens": self.prompt_len, "stats": self.stats.to_dict()}
 
 
-@dataclass(frozen=True)
-class _Sampler:
-    """One request's sampling settings and its own random source."""
+@dataclass(eq=False)
+class Slot:
+    """One active sequence: its request, committed length, tree state, stop rule and stats."""
 
-    params: SamplingParams
-    rng: np.random.Generator
+    req: Request
+    stop: StopRule
+    stats: GenerationStats
+    sink: object  # where committed tokens go: ``push(list)``, ``finish(result)``, ``fail(exc)``
+    L: int = 0  # committed rows (target and draft alike)
+    root: int = -1
+    grower: TreeGrower | None = None
+    frontier: Frontier | None = None
+    vt: VerifyTree | None = None
+    acc: Accepted | None = None
+    tokens: list[int] = field(default_factory=list)  # this round's committed tokens (accepted + bonus)
+    reason: str | None = None
+    error: BaseException | None = None
+    t_join: float = 0.0
+
+    def __post_init__(self) -> None:
+        t = self.tree = self.req.tree  # None: no draft
+        self.k, self.depth = (t.top_k, t.depth) if t is not None else (0, 0)
+        # Rows a round may write past L. Target: the accepted path (root + at most depth + 1 draft tokens, never
+        # more than the verify tree's nodes). Draft: every tree level's frontier, or the next context pass.
+        self.slack_t = min(t.depth + 2, t.total_tokens + 1) if t is not None else 1
+        self.slack_d = max(t.depth * t.top_k, self.slack_t) if t is not None else 1
 
 
 class Generator:
-    """Owns every buffer of one decoding session (allocated here, once) and runs generations on them."""
+    """Owns every buffer of ``slots`` sequences (allocated here, once) and runs their rounds together.
 
-    def __init__(self, manifest: Manifest, backend, prefill_chunk: int = 256):
-        self.m = manifest
-        self.backend = backend
+    step: the rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
+
+    def __init__(self, manifest: Manifest, backend: Backend, prefill_chunk: int = 256, slots: int = 1,
+                 step: int = 64):
+        if not isinstance(backend, Backend):
+            raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise GenerationError(f"max_batch must be a positive integer, got {slots!r}")
+        if slots > manifest.max_batch:
+            raise GenerationError(
+                f"max_batch {slots} is above the artifact's batch range [1, {manifest.max_batch}]: re-export with "
+                f"--max-batch {slots} or more"
+            )
+        self.m, self.backend, self.B = manifest, backend, slots
         dev = backend.device
-        dtype = TORCH_DTYPES[manifest.dtype]
+        dtype = torch_dtype(manifest.dtype)
+        zeros = backend.zeros
         t, d, lim = manifest.target, manifest.draft, manifest.tree_limits
+        B = slots
         self.capacity = manifest.max_seq_len
         self.chunk = max(1, min(prefill_chunk, self.capacity))
-        verify_rows = lim.max_total_tokens + 1
-        t_rows = max(self.chunk, verify_rows)
-        d_rows = max(self.chunk, lim.max_top_k, lim.max_depth + 2)
-        # Target cache: committed rows stay < capacity; a round's accepted path (up to verify_rows) may run past it.
-        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, self.capacity + verify_rows, dtype, dev,
-                              new_rows=t_rows)
-        # Draft cache: committed context + every frontier row of one round's tree.
-        self.dcache = KVCache(1, d.kv_heads, d.head_dim, self.capacity + lim.max_draft_rows + lim.max_depth + 2,
-                              dtype, dev, new_rows=d_rows)
-        self.logits = torch.zeros(1, verify_rows, t.vocab_size, dtype=torch.float32, device=dev)
-        self.tfeats = torch.zeros(1, t_rows, t.feature_dim, dtype=dtype, device=dev)
-        self.dvals = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.float32, device=dev)
-        self.dids = torch.zeros(1, d_rows, lim.max_top_k, dtype=torch.int64, device=dev)
-        self.dhidden = torch.zeros(1, d_rows, d.hidden_size, dtype=dtype, device=dev)
-        self.dfeats_in = torch.zeros(1, d_rows, d.feature_dim, dtype=dtype, device=dev)  # context passes
-        self.dhidden_in = torch.zeros(1, lim.max_top_k, d.hidden_size, dtype=dtype, device=dev)  # tree levels
-        # On the CPU the loop reads and fills these buffers through numpy views made here once (same memory, no
-        # torch call per access); from a GPU it copies to the host only the rows it reads (numpy has no bf16).
-        self._np = None
-        if torch.device(dev).type == "cpu" and dtype != torch.bfloat16:
-            self._np = {name: getattr(self, name).numpy()
-                        for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
-            self._np_dvals, self._np_dids = self._np["dvals"][0], self._np["dids"][0]
-        # A backend that binds by address (``binds_views``) gets BufferViews made by arithmetic: a verify binds
-        # 2 x layers cache views, and making each as a torch slice cost more than the bind. Others get tensors.
-        self._views = bool(getattr(backend, "binds_views", False))
-        self._rows = {name: RowBuffers([getattr(self, name)])
-                      for name in ("logits", "tfeats", "dvals", "dids", "dhidden", "dfeats_in", "dhidden_in")}
-        self._warned_draft_limit = False
-        # Host inputs live in scratch arrays reused by every call: same address, so a backend that keeps
-        # bindings rebinds them only when their shape changes.
+        self.verify_rows = verify_rows = lim.max_total_tokens + 1
+        ctx_rows = lim.max_depth + 2  # a context pass after a round: accepted path + bonus
+        K = lim.max_top_k
+        t_rows = max(self.chunk, B * verify_rows)
+        d_rows = max(self.chunk, B * max(K, ctx_rows))
+        t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
+        d_slot = self.capacity + lim.max_draft_rows + lim.max_depth + 2
+        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, zeros=zeros,
+                              slots=B)
+        self.dcache = KVCache(1, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros, slots=B)
+        self.tplan, self.dplan = LayoutPlan(t_slot, step), LayoutPlan(d_slot, step)
+        self.padding = Padding()
+        bufs = {
+            "logits": zeros((1, B * verify_rows, t.vocab_size), torch.float32),
+            "tfeats": zeros((1, t_rows, t.feature_dim), dtype),
+            "dvals": zeros((1, d_rows, K), torch.float32),
+            "dids": zeros((1, d_rows, K), torch.int64),
+            "dhidden": zeros((1, d_rows, d.hidden_size), dtype),
+            "dfeats_in": zeros((1, d_rows, d.feature_dim), dtype),  # context passes
+            "dhidden_in": zeros((1, B * K, d.hidden_size), dtype),  # tree levels
+        }
+        for k, v in bufs.items():
+            setattr(self, k, v)
+        self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
+        self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
+        self._cpu = backend.host_memory and dtype != torch.bfloat16
+        # numpy views of the same memory on the CPU (no torch call per access; see Generator)
+        self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None
+        # The last context row of every slot (its top-k and hidden predict the root's children): kept per slot,
+        # because a joining request's prefill reuses the draft output rows between rounds.
+        self.ctx_vals = np.zeros((B, K), dtype=np.float32)
+        self.ctx_ids = np.zeros((B, K), dtype=np.int64)
+        self.ctx_hidden = zeros((B, d.hidden_size), dtype)
+        self._np_ctx_hidden = self.ctx_hidden.numpy() if self._cpu else None
         rows = max(t_rows, d_rows)
-        mask_elems = max(t_rows * (self.tcache.capacity + t_rows), d_rows * (self.dcache.capacity + d_rows))
+        mask_elems = max(t_rows * (t_slot + t_rows), d_rows * (d_slot + d_rows))
         self._mask = HostScratch(mask_elems, np.bool_)
         self._ids = HostScratch(rows, np.int64)
         self._pos = HostScratch(rows, np.int64)
-        self._lidx = HostScratch(verify_rows, np.int64)
-        self._arange = np.arange(verify_rows, dtype=np.int64)
-        self._arange_rows = np.arange(rows, dtype=np.int64)
-        self._tri = np.tri(rows, dtype=np.bool_)  # causal blocks of context passes and prefill chunks
+        self._lidx = HostScratch(max(B * verify_rows, 1), np.int64)
+        self._arange = np.arange(max(rows, t_slot + d_slot), dtype=np.int64)
+        self._tri = np.tri(max(self.chunk, ctx_rows), dtype=np.bool_)
         self._draft_pos_limit = d.max_position_embeddings
-        self._growers: dict[TreeParams, TreeGrower] = {}
-        self.eos = set(t.eos_token_ids)
+        self._warned_draft_limit = False
+        self._growers: dict[TreeParams, list[TreeGrower]] = {}  # free growers per tree setting, reused
+        self.eos = frozenset(t.eos_token_ids)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
         self._draft_names = (C.past_names(1), C.present_names(1))
-        # Per call shape, the bindings that never move (host-array views, output rows, new-rows scratch), made once:
-        # bounded by the distinct (rows, logit rows / feature rows) a session meets, at most a few hundred.
-        self._io_memo: dict[tuple, tuple[dict, dict]] = {}
+        self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
         self.vocab = t.vocab_size
+        self.active: list[Slot] = []
 
-    # ---- host access to the buffers ----------------------------------------------------------
-    def _topk(self, rows) -> tuple[np.ndarray, np.ndarray]:
-        """The draft's top-k log-probs and ids at output row(s) ``rows`` (an int or a slice), as host arrays."""
+    # ---- host access ---------------------------------------------------------------------------
+    def _rows_np(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of an output buffer as a host array (a view on the CPU)."""
         if self._np is not None:
-            return self._np_dvals[rows], self._np_dids[rows]
-        return self.dvals[0, rows].cpu().numpy(), self.dids[0, rows].cpu().numpy()
+            return self._np[name][start:stop]
+        return self.backend.to_host(self._t[name][start:stop])
 
-    def _argmax(self, rows: int) -> np.ndarray:
-        """The target's argmax over each of the first ``rows`` logits rows (the first maximum on ties)."""
+    def _gather(self, dst: str, dst_start: int, src: str, rows: np.ndarray) -> None:
+        """Buffer ``dst`` rows [dst_start, dst_start + len(rows)) = buffer ``src`` rows ``rows``."""
+        n = len(rows)
         if self._np is not None:
-            return self._np["logits"][0, :rows].argmax(-1)
-        return self.logits[0, :rows].argmax(-1).cpu().numpy()
-
-    def _logits_row(self, i: int) -> np.ndarray:
-        return self._np["logits"][0, i] if self._np is not None else self.logits[0, i].cpu().numpy()
-
-    def _gather(self, dst: str, src: str, rows: np.ndarray) -> None:
-        """Buffer ``dst`` rows [0, len(rows)) = buffer ``src`` rows ``rows`` (batch row 0)."""
-        if self._np is not None:
-            d, s = self._np[dst][0], self._np[src][0]
-            if len(rows) == 1:  # a chain's parent: one row, no gather
-                d[0] = s[rows[0]]
+            if n == 1:  # a chain's parent: one row, no gather
+                self._np[dst][dst_start] = self._np[src][rows[0]]
             else:
-                d[:len(rows)] = s[rows]
+                self._np[dst][dst_start:dst_start + n] = self._np[src][rows]
         else:
-            s = getattr(self, src)
-            getattr(self, dst)[0, :len(rows)].copy_(s[0, torch.from_numpy(rows).to(s.device)])
+            s = self._t[src]
+            self._t[dst][dst_start:dst_start + n].copy_(s[torch.tensor(rows, device=s.device)])  # rows may be read-only
 
-    # ---- graph calls -------------------------------------------------------------------------
-    # Callers fill the host inputs (``_ids.array``, ``_pos.array``, ``_lidx.array`` from row 0; the mask through
-    # ``_mask.take``) and then call ``_run_target`` / ``_run_draft``, which bind them with the buffers' rows.
+    def _set_hidden_in(self, start: int, count: int, b: int) -> None:
+        """``hidden_in`` rows [start, start + count) = slot b's last context hidden (a level-1 parent)."""
+        if self._np is not None:
+            self._np["dhidden_in"][start:start + count] = self._np_ctx_hidden[b]
+        else:
+            self._t["dhidden_in"][start:start + count].copy_(self.ctx_hidden[b].expand(count, -1))
+
+    def _keep_context_row(self, b: int, row: int) -> None:
+        """Slot b's context row = draft output row ``row`` (top-k and hidden)."""
+        self.ctx_vals[b] = self._rows_np("dvals", row, row + 1)[0]
+        self.ctx_ids[b] = self._rows_np("dids", row, row + 1)[0]
+        if self._np is not None:
+            self._np_ctx_hidden[b] = self._np["dhidden"][row]
+        else:
+            self.ctx_hidden[b].copy_(self._t["dhidden"][row])
+
+    # ---- graph calls ---------------------------------------------------------------------------
     def _host(self, scratch: HostScratch, *shape: int):
-        return scratch.view(shape) if self._views else scratch.take(shape)  # scratch's memory, viewed as shape
+        return scratch.view(shape)
 
-    def _buf(self, name: str, count: int):
-        """Rows [0, count) of one of the output/scratch buffers, as the backend binds them."""
+    def _buf(self, name: str, slots: int, count: int):
         rb = self._rows[name]
-        return (rb.head(count) if self._views else rb.tensors(0, count))[0]
+        return rb.block(0, slots, count)[0]
 
-    def _past(self, cache: KVCache, count: int) -> list:
-        return cache.views(0, count) if self._views else cache.rows(0, count)
-
-    def _present(self, cache: KVCache, count: int) -> list:
-        return cache.new_views(count) if self._views else cache.new_rows(count)
-
-    def _causal_mask(self, new: int, past: int) -> None:
-        mask = self._mask.take((new, past + new))
-        mask[:, :past] = True
-        mask[:, past:] = self._tri[:new, :new]
-
-    def _target_io(self, n: int, r: int) -> tuple[dict, dict]:
-        """The target call's bindings that depend only on (n, r), made once: inputs but the mask and the past,
-        and every output."""
-        key = (n, r)
+    def _target_io(self, a: int, n: int, r: int) -> tuple[dict, MappingProxyType]:
+        key = ("t", a, n, r)
         io = self._io_memo.get(key)
         if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
-                   C.LOGIT_INDICES: self._host(self._lidx, 1, r)}
-            outs = {C.LOGITS: self._buf("logits", r), C.FEATURES: self._buf("tfeats", n)}
-            outs.update(zip(self._target_names[1], self._present(self.tcache, n), strict=True))
-            io = self._io_memo[key] = (ins, MappingProxyType(outs))  # read-only: a backend may skip rechecking it
-        return io
-
-    def _draft_io(self, n: int, feat_rows: int) -> tuple[dict, dict]:
-        """As ``_target_io`` for a draft call of n rows, ``feat_rows`` of them from target features."""
-        key = (n, feat_rows, "draft")
-        io = self._io_memo.get(key)
-        if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, 1, n), C.POSITION_IDS: self._host(self._pos, 1, n),
-                   C.DRAFT_FEATURES: self._buf("dfeats_in", feat_rows),
-                   C.HIDDEN_IN: self._buf("dhidden_in", n - feat_rows)}
-            outs = {C.TOPK_LOGPROBS: self._buf("dvals", n), C.TOPK_IDS: self._buf("dids", n),
-                    C.HIDDEN: self._buf("dhidden", n)}
-            outs.update(zip(self._draft_names[1], self._present(self.dcache, n), strict=True))
+            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+                   C.LOGIT_INDICES: self._host(self._lidx, a, r)}
+            outs = {C.LOGITS: self._buf("logits", a, r), C.FEATURES: self._buf("tfeats", a, n)}
+            present = self.tcache.new_block_views(a, n)
+            outs.update(zip(self._target_names[1], present, strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
-    def _run_target(self, n: int, r: int, past: int) -> None:
-        """Target call on ids/positions/mask/logit indices already in the scratch arrays: n new tokens after
-        ``past`` cached ones, logits for r rows. Their K/V land in the cache's new-rows scratch (the caller writes
-        the rows it keeps)."""
-        fixed, outputs = self._target_io(n, r)
+    def _draft_io(self, a: int, n: int, feat_rows: int) -> tuple[dict, MappingProxyType]:
+        key = ("d", a, n, feat_rows)
+        io = self._io_memo.get(key)
+        if io is None:
+            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+                   C.DRAFT_FEATURES: self._buf("dfeats_in", a, feat_rows),
+                   C.HIDDEN_IN: self._buf("dhidden_in", a, n - feat_rows)}
+            outs = {C.TOPK_LOGPROBS: self._buf("dvals", a, n), C.TOPK_IDS: self._buf("dids", a, n),
+                    C.HIDDEN: self._buf("dhidden", a, n)}
+            present = self.dcache.new_block_views(a, n)
+            outs.update(zip(self._draft_names[1], present, strict=True))
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+        return io
+
+    def _past(self, cache: KVCache, a: int, past: int, base: int = 0) -> list:
+        """The past binding: one slot's rows [base, base + past), or ``a`` regions of ``past`` rows from row 0."""
+        if a == 1:
+            return cache.views(base, past)
+        return cache.block_views(a, past)
+
+    def _run_target(self, a: int, n: int, r: int, past: int, base: int = 0) -> None:
+        fixed, outputs = self._target_io(a, n, r)
         inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
-        inputs.update(zip(self._target_names[0], self._past(self.tcache, past), strict=True))
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, base), strict=True))
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
-    def _run_draft(self, n: int, feat_rows: int, past: int) -> None:
-        """One draft call on ids/positions/mask in the scratch arrays: the first ``feat_rows`` rows are fed
-        from target features (``dfeats_in``), the rest from fed-back hiddens (``dhidden_in``)."""
-        fixed, outputs = self._draft_io(n, feat_rows)
+    def _run_draft(self, a: int, n: int, feat_rows: int, past: int, base: int = 0) -> None:
+        fixed, outputs = self._draft_io(a, n, feat_rows)
         inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, 1, n, past + n)
-        inputs.update(zip(self._draft_names[0], self._past(self.dcache, past), strict=True))
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
-        self.dcache.write(past, n)
-        self.stats.draft_forwards += 1
-        self._last_row = n - 1
-        limit = self._draft_pos_limit
-        last = int(self._pos.array[n - 1])  # positions never decrease along a call
-        if last >= limit and self.stats.draft_beyond_position_limit is None:
-            self.stats.draft_beyond_position_limit = last
+
+    def _note_draft_positions(self, s: Slot, last: int) -> None:
+        """One more draft call for s, whose last position was ``last``: past the head's trained range?"""
+        s.stats.draft_forwards += 1
+        if last >= self._draft_pos_limit and s.stats.draft_beyond_position_limit is None:
+            s.stats.draft_beyond_position_limit = last
             if not self._warned_draft_limit:
                 self._warned_draft_limit = True
                 log.warning("the draft head ran at position %d, past its max_position_embeddings %d: output stays "
-                            "lossless, but acceptance may drop (the head was not trained there)", last, limit)
+                            "lossless, but acceptance may drop (the head was not trained there)", last,
+                            self._draft_pos_limit)
 
-    def _draft_context(self, tokens: np.ndarray, feature_rows: np.ndarray, start: int) -> None:
-        """Feed committed pairs (feature_j, token_{j+1}) at draft positions start.. (rows start..).
-
-        feature_rows: the rows of the target's last ``features`` output that hold feature_j, in order.
-        """
-        n = len(tokens)
-        self._gather("dfeats_in", "tfeats", feature_rows)
-        self._ids.array[:n] = tokens
-        self._pos.array[:n] = self._arange_rows[:n] + start
-        self._causal_mask(n, start)
-        self._run_draft(n, n, start)
-
-    # ---- the loop ----------------------------------------------------------------------------
-    def check_prompt(self, prompt_ids) -> np.ndarray:
-        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+    # ---- requests ----------------------------------------------------------------------------
+    def check(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
+              stop_on_eos: bool = True, sampling: SamplingParams | None = None,
+              rng: np.random.Generator | None = None, on_round=None) -> Request:
+        """One generation's settings, checked (GenerationError naming the problem), as a ``Request``."""
+        check_max_new(max_new_tokens)
+        if use_draft:
+            tree = tree or self.m.tree_defaults
+            tree.validate(self.m.tree_limits)
+            self.backend.check_tree(tree)  # engines may be built for smaller trees
+        else:
+            tree = None
+        rng = None
+        if sampling is not None:
+            if not isinstance(sampling, SamplingParams):
+                raise GenerationError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+            if sampling.validate().is_greedy:
+                sampling = None
+            elif rng is None:
+                rng = sampling.make_rng()
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1) if _is_int_seq(prompt_ids) else None
+        if ids is None:
+            raise GenerationError("prompt ids must be a sequence of integers")
         if ids.size == 0:
             raise GenerationError("the prompt is empty: give at least one token")
         bad = ids[(ids < 0) | (ids >= self.vocab)]
         if bad.size:
             raise GenerationError(f"prompt token id {int(bad[0])} is outside the vocabulary [0, {self.vocab})")
         if ids.size > self.capacity:
-            raise GenerationError(
-                f"the prompt has {ids.size} tokens, more than the artifact's capacity (--max-seq-len) of "
-                f"{self.capacity}"
-            )
-        return ids
+            raise GenerationError(f"the prompt has {ids.size} tokens, more than the artifact's capacity "
+                                  f"(--max-seq-len) of {self.capacity}")
+        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng, on_round=on_round)
+
+    @property
+    def free(self) -> int:
+        return self.B - len(self.active)
+
+    def join(self, req: Request, sink) -> Slot | None:
+        """Prefill ``req`` in the next free slot and add it to the batch; None if it finished at once (its sink
+        has been told). Call between rounds only."""
+        if not self.free:
+            raise RuntimeError("no free slot")
+        n = len(req.prompt)
+        stats = GenerationStats()
+        s = Slot(req, StopRule(req.max_new_tokens, self.capacity - n, self.eos if req.stop_on_eos else None),
+                 stats, sink, t_join=time.perf_counter())
+        if s.stop.room <= 0:
+            sink.finish(GenerationResult([], "capacity", stats, n))
+            return None
+        j = len(self.active)
+        self._fit(self.active + [s], extra={id(s): n})
+        self._prefill(s, j)
+        stats.prefill_s = time.perf_counter() - s.t_join
+        new, reason = s.stop.emit([s.root])
+        sink.push(new)
+        if reason is not None:
+            self._finish(s, reason)
+            return None
+        if req.tree is not None:
+            s.grower = self._take_grower(req.tree)
+        self.active.append(s)
+        return s
+
+    def _take_grower(self, tree: TreeParams) -> TreeGrower:
+        free = self._growers.setdefault(tree, [])
+        return free.pop() if free else TreeGrower(tree)
+
+    def _prefill(self, s: Slot, j: int) -> None:
+        """The prompt in chunks, alone (batch 1) in slot j's regions; each chunk's draft context right after."""
+        prompt, n = s.req.prompt, len(s.req.prompt)
+        base_t, base_d = j * self.tplan.stride, j * self.dplan.stride
+        use_draft = s.req.tree is not None
+        for st in range(0, n, self.chunk):
+            e = min(n, st + self.chunk)
+            c, last = e - st, e == n
+            self._ids.array[:c] = prompt[st:e]
+            self._pos.array[:c] = self._arange[:c] + st
+            self._causal(c, st)
+            self._lidx.array[0] = c - 1
+            self._run_target(1, c, 1, st, base_t)
+            self.tcache.write(base_t + st, c)
+            if last:
+                s.root = self._first_token(s)
+            if use_draft:
+                nxt = np.append(prompt[st + 1:e], s.root) if last else prompt[st + 1:e + 1]
+                self._gather("dfeats_in", 0, "tfeats", self._arange[:c])
+                self._ids.array[:c] = nxt
+                self._pos.array[:c] = self._arange[:c] + st
+                self._causal(c, st)
+                self._run_draft(1, c, c, st, base_d)
+                self.dcache.write(base_d + st, c)
+                self._note_draft_positions(s, e - 1)
+        if use_draft:
+            self._keep_context_row(j, c - 1)
+        s.L = n
+
+    def _causal(self, new: int, past: int) -> None:
+        mask = self._mask.take((new, past + new))
+        mask[:, :past] = True
+        mask[:, past:] = self._tri[:new, :new] if new <= len(self._tri) else np.tri(new, dtype=np.bool_)
+
+    def _first_token(self, s: Slot) -> int:
+        row = self._rows_np("logits", 0, 1)[0]
+        if s.req.sampling is None:
+            return int(row.argmax())
+        return sample_token(process_logits(row, s.req.sampling), s.req.rng)
+
+    # ---- layout --------------------------------------------------------------------------------
+    def _fit(self, slots: list[Slot], extra: dict | None = None) -> None:
+        """Strides that hold every slot's rows for the next round (and a joining prompt); move regions if needed."""
+        need_t = need_d = 0
+        for s in slots:
+            L = extra[id(s)] if extra and id(s) in extra else s.L
+            need_t, need_d = max(need_t, L + s.slack_t), max(need_d, L + s.slack_d)
+        for plan, cache, need in ((self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d)):
+            if need <= plan.stride < need + 2 * plan.step:  # LayoutPlan.wanted's no-move case, without a call
+                continue
+            new = plan.wanted(need)
+            if new != plan.stride:
+                old = plan.stride
+                for b in move_order(old, new, len(self.active)):
+                    cache.move(b * old, b * new, self.active[b].L)
+                plan.stride = new
+                plan.moves += 1
+
+    # ---- one round for every active slot -------------------------------------------------------
+    def round(self) -> list[Slot]:
+        """One round: grow every slot's tree (one draft call per level), verify all trees in one target call,
+        accept and commit per slot, one draft context call; returns the slots that finished (already removed)."""
+        slots = self.active
+        if not slots:
+            return []
+        self._fit(slots)
+        drafting = [s for s in slots if s.grower is not None]
+        if drafting:
+            self._grow_tree(slots, drafting)
+        for s in slots:
+            if s.grower is not None:
+                s.vt = s.grower.select(s.tree.total_tokens, s.root)
+        tt = self._verify(slots)
+        for b, s in enumerate(slots):
+            try:
+                self._accept_and_commit(s, b, tt)
+            except Exception as e:  # noqa: BLE001 - this request fails alone (its logits, its settings)
+                s.error, s.tokens = e, []
+        self._draft_context(slots, tt)
+        return self._retire()
+
+    def _grow_tree(self, slots: list[Slot], drafting: list[Slot]) -> None:
+        """Every drafting slot's tree, level by level: one draft call per level feeds every slot's frontier (a
+        slot whose tree is shallower or narrower pads); then each slot's verify tree is selected."""
+        a = len(slots)
+        kk = max(s.k for s in drafting)
+        depth = max(s.depth for s in drafting)
+        for b, s in enumerate(slots):
+            if s.grower is not None:
+                s.grower.reset()
+                s.frontier = s.grower.add_root_children(self.ctx_vals[b], self.ctx_ids[b])
+        stride = self.dplan.stride
+        np_out = self._np
+        for level in range(1, depth + 1):
+            one = slots[0]
+            past = one.L + one.frontier.fed if a == 1 else stride
+            mask = self._mask.take((a, kk, past + kk))
+            if a > 1:  # one slot's rows are written whole below
+                mask[:] = False
+            ids = self._ids.array[:a * kk].reshape(a, kk)
+            pos = self._pos.array[:a * kk].reshape(a, kk)
+            bound = used = 0
+            for b, s in enumerate(slots):
+                fr = s.frontier
+                k = s.k if s.depth >= level else 0
+                if k:
+                    fed, L = fr.fed, s.L
+                    if level == 1:
+                        self._set_hidden_in(b * kk, k, b)
+                    else:
+                        self._gather("dhidden_in", b * kk, "dhidden", fr.parent_rows + b * kk)
+                    ids[b, :k] = fr.tokens
+                    pos[b, :k] = L + level - 1
+                    mask[b, :k, :L] = True
+                    mask[b, :k, L:L + fed] = fr.tree_mask[:, :fed]
+                    mask[b, :k, past:past + k] = fr.tree_mask[:, fed:]
+                    used += L + fed
+                for i in range(k, kk):  # padding rows: see only themselves
+                    ids[b, i] = 0
+                    pos[b, i] = s.L
+                    mask[b, i, past + i] = True
+                bound += past
+            self.padding.bound += bound
+            self.padding.used += used
+            self._run_draft(a, kk, 0, past)
+            for b, s in enumerate(slots):
+                if s.depth < level:
+                    continue
+                k, r0 = s.k, b * kk
+                self.dcache.write(b * stride + s.L + s.frontier.fed, k, src=r0)
+                self._note_draft_positions(s, s.L + level - 1)
+                if np_out is not None:
+                    s.frontier = s.grower.add_children(np_out["dvals"][r0:r0 + k], np_out["dids"][r0:r0 + k])
+                else:
+                    s.frontier = s.grower.add_children(self._rows_np("dvals", r0, r0 + k),
+                                                       self._rows_np("dids", r0, r0 + k))
+
+    def _verify(self, slots: list[Slot]) -> int:
+        """Every slot's tree (without a draft: its root alone) through the target in one call; returns the
+        call's rows per slot (the widest tree)."""
+        a = len(slots)
+        sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
+        tt = max(sizes)
+        past = slots[0].L if a == 1 else self.tplan.stride
+        mask = self._mask.take((a, tt, past + tt))
+        if a > 1:  # one slot's rows are written whole below
+            mask[:] = False
+        ids = self._ids.array[:a * tt].reshape(a, tt)
+        pos = self._pos.array[:a * tt].reshape(a, tt)
+        lidx = self._lidx.array[:a * tt].reshape(a, tt)
+        lidx[:] = self._arange[:tt]
+        used = 0
+        for b, s in enumerate(slots):
+            L, T = s.L, sizes[b]
+            if s.grower is None:  # no draft: the root alone, at position L
+                ids[b, 0] = s.root
+                pos[b, 0] = L
+                mask[b, 0, :L] = True
+                mask[b, 0, past] = True
+            else:
+                vt = s.vt
+                ids[b, :T] = vt.tokens
+                np.add(vt.depths, L, out=pos[b, :T])
+                mask[b, :T, :L] = True
+                mask[b, :T, past:past + T] = vt.mask
+            for i in range(T, tt):
+                ids[b, i] = 0
+                pos[b, i] = L
+                mask[b, i, past + i] = True
+            used += L
+        self.padding.bound += a * past
+        self.padding.used += used
+        self._run_target(a, tt, tt, past)
+        for s in slots:
+            s.stats.rounds += 1
+        return tt
+
+    def _accept_and_commit(self, s: Slot, b: int, tt: int) -> None:
+        """Slot b's accepted path (greedy, or recursive rejection with its own random source), its K/V rows into
+        the target cache after its committed rows, and its new tokens through its stop rule to its sink."""
+        r0 = b * tt
+        if s.grower is None:
+            self._plain_step(s, b, r0)
+            return
+        vt = s.vt
+        T = vt.num_nodes
+        if s.req.sampling is None:
+            acc = accept_greedy(vt, self._np["logits"][r0:r0 + T].argmax(-1) if self._np is not None
+                                else self.backend.to_host(self._t["logits"][r0:r0 + T].argmax(-1)))
+        else:
+            acc = accept_sampling(vt, LazyProbs(lambda i: self._rows_np("logits", r0 + i, r0 + i + 1)[0], T,
+                                                s.req.sampling), s.req.rng)
+        s.acc = acc
+        s.stats.accept_lengths.append(int(acc.num_accepted))
+        if s.req.on_round is not None and s.grower is not None:
+            s.req.on_round(vt, acc)
+        self.tcache.write_rows(b * self.tplan.stride + s.L, acc.indices, src=r0)
+        s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
+        new, s.reason = s.stop.emit(s.tokens)
+        if new:
+            s.sink.push(new)
+
+    def _plain_step(self, s: Slot, b: int, r0: int) -> None:
+        """No draft: the next token from the root's logits row (argmax, or a draw from its processed
+        distribution), the root's K/V row into the cache."""
+        row = self._np["logits"][r0] if self._np is not None else self._rows_np("logits", r0, r0 + 1)[0]
+        tok = int(row.argmax()) if s.req.sampling is None else sample_token(process_logits(row, s.req.sampling),
+                                                                            s.req.rng)
+        s.stats.accept_lengths.append(0)
+        self.tcache.write(b * self.tplan.stride + s.L, 1, src=r0)
+        s.tokens = [tok]
+        new, s.reason = s.stop.emit(s.tokens)
+        if new:
+            s.sink.push(new)
+
+    def _draft_context(self, slots: list[Slot], tt: int) -> None:
+        """Draft context for every continuing drafting slot: (feature of root/accepted node, next token)."""
+        a = len(slots)
+        go = [s.grower is not None and s.reason is None and s.error is None for s in slots]
+        widths = [len(s.tokens) if g else 0 for s, g in zip(slots, go, strict=True)]
+        mm = max(widths)
+        stride = self.dplan.stride
+        if mm:
+            past = slots[0].L if a == 1 else stride
+            mask = self._mask.take((a, mm, past + mm))
+            if a > 1:  # one slot's rows are written whole below
+                mask[:] = False
+            ids = self._ids.array[:a * mm].reshape(a, mm)
+            pos = self._pos.array[:a * mm].reshape(a, mm)
+            used = 0
+            for b, s in enumerate(slots):
+                m, L = widths[b], s.L
+                if m:
+                    self._gather("dfeats_in", b * mm, "tfeats", s.acc.indices + b * tt)
+                    ids[b, :m] = s.tokens
+                    pos[b, :m] = self._arange[L:L + m]
+                    mask[b, :m, :L] = True
+                    mask[b, :m, past:past + m] = self._tri[:m, :m]
+                    used += L
+                for i in range(m, mm):
+                    ids[b, i] = 0
+                    pos[b, i] = L
+                    mask[b, i, past + i] = True
+            self.padding.bound += a * past
+            self.padding.used += used
+            self._run_draft(a, mm, mm, past)
+            for b, s in enumerate(slots):
+                m = widths[b]
+                if m:
+                    self.dcache.write(b * stride + s.L, m, src=b * mm)
+                    self._note_draft_positions(s, s.L + m - 1)
+                    self._keep_context_row(b, b * mm + m - 1)
+        for s in slots:
+            if s.reason is None and s.error is None:
+                s.L += len(s.tokens)
+                s.root = s.tokens[-1]
+
+    def _retire(self) -> list[Slot]:
+        """Remove finished (or failed) slots; the last active slot moves into each freed one."""
+        done = [s for s in self.active if s.reason is not None or s.error is not None]
+        for s in done:
+            self._remove(s)
+            if s.error is not None:
+                s.sink.fail(s.error)
+            else:
+                self._finish(s, s.reason)
+        return done
+
+    def _remove(self, s: Slot) -> None:
+        """Free s's slot: the last active slot moves into it (its cache regions and context row)."""
+        b = self.active.index(s)
+        last = len(self.active) - 1
+        if b != last:
+            t = self.active[last]
+            self.tcache.move(last * self.tplan.stride, b * self.tplan.stride, t.L)
+            self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
+            self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
+            self.ctx_hidden[b].copy_(self.ctx_hidden[last])
+            self.active[b] = t
+        self.active.pop()
+        if s.grower is not None:
+            self._growers[s.tree].append(s.grower)
+            s.grower = None
+
+    def _finish(self, s: Slot, reason: str) -> None:
+        s.stats.decode_s = time.perf_counter() - s.t_join - s.stats.prefill_s
+        s.sink.finish(GenerationResult(list(s.stop.out), reason, s.stats, len(s.req.prompt)))
+
+    # ---- one sequence -------------------------------------------------------------------------
+    def check_prompt(self, prompt_ids) -> np.ndarray:
+        return self.check(prompt_ids, 1, use_draft=False).prompt
 
     def run(self, prompt_ids, max_new_tokens: int, tree: TreeParams | None = None, use_draft: bool = True,
             stop_on_eos: bool = True, sampling: SamplingParams | None = None,
             rng: np.random.Generator | None = None, on_round=None) -> PyGenerator[list[int], None, GenerationResult]:
-        """Yield committed tokens as they are accepted; return the GenerationResult.
+        """One sequence through the same steps (a batch of one): yield committed tokens as they are accepted;
+        return the GenerationResult. Settings are checked here, before the first token.
 
         sampling: None or temperature 0 = greedy. Otherwise tokens are sampled from the target's
         processed distribution, drawing from ``rng`` (default: a new one from ``sampling.seed``,
@@ -290,151 +670,62 @@ class Generator:
         ``VerifyTree`` and ``Accepted`` (read them in the call; their arrays are reused). Used by
         ``validate`` and the tests to compare rounds with the PyTorch oracle (runtime/oracle.py).
         """
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        tree = tree or self.m.tree_defaults
-        if use_draft:
-            tree.validate(self.m.tree_limits)
-            check = getattr(self.backend, "check_tree", None)  # engines may be built for smaller trees
-            if check is not None:
-                check(tree)
-        sampler = None
-        if sampling is not None:
-            if not isinstance(sampling, SamplingParams):
-                raise GenerationError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
-            if not sampling.validate().is_greedy:
-                sampler = _Sampler(sampling, rng if rng is not None else sampling.make_rng())
-        ids = self.check_prompt(prompt_ids)
-        return self._loop(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampler, on_round)
+        req = self.check(prompt_ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling, rng, on_round)
+        return self._solo(req)
 
-    def _next_token(self, sampler: _Sampler | None) -> int:
-        """The token after logits row 0: its argmax (greedy) or a draw from its processed distribution."""
-        if sampler is None:
-            return int(self._argmax(1)[0])
-        return sample_token(process_logits(self._logits_row(0), sampler.params), sampler.rng)
-
-    def _accept(self, vt, sampler: _Sampler | None):
-        T = vt.num_nodes
-        if sampler is None:
-            return accept_greedy(vt, self._argmax(T))
-        return accept_sampling(vt, LazyProbs(self._logits_row, T, sampler.params), sampler.rng)
-
-    def _loop(self, prompt: np.ndarray, max_new: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool,
-              sampler: _Sampler | None, on_round=None):
-        self.stats = stats = GenerationStats()
-        n = len(prompt)
-        out: list[int] = []
-        room = self.capacity - n  # tokens that still fit in the sequence
-        if room <= 0:
-            return GenerationResult(out, "capacity", stats, n)
-
-        def emit(new: list[int]) -> tuple[list[int], str | None]:
-            """Append tokens up to EOS / max_new / capacity; say why generation ends, if it does."""
-            reason = None
-            if stop_on_eos:
-                for i, tok in enumerate(new):
-                    if tok in self.eos:
-                        new, reason = new[: i + 1], "eos"
-                        break
-            remaining = min(max_new, room) - len(out)
-            if len(new) > remaining or (reason is None and len(new) == remaining):
-                new = new[:remaining]
-                reason = "length" if max_new <= room else "capacity"
-            out.extend(new)
-            return new, reason
-
-        # Prefill in chunks; the draft context for each chunk follows as soon as its next tokens are known.
-        t0 = time.perf_counter()
-        root = -1
-        for s in range(0, n, self.chunk):
-            e = min(n, s + self.chunk)
-            c = e - s
-            last = e == n
-            self._ids.array[:c] = prompt[s:e]
-            self._pos.array[:c] = self._arange_rows[:c] + s
-            self._causal_mask(c, s)
-            self._lidx.array[0] = c - 1
-            self._run_target(c, 1, s)
-            self.tcache.write(s, c)
-            if last:
-                root = self._next_token(sampler)
-            if use_draft:
-                nxt = np.append(prompt[s + 1:e], root) if last else prompt[s + 1:e + 1]
-                self._draft_context(nxt.astype(np.int64), np.arange(c), s)
-        stats.prefill_s = time.perf_counter() - t0
-        L = n  # committed target cache rows
-        new, reason = emit([root])
-        yield new
-        t1 = time.perf_counter()
+    def _solo(self, req: Request):
+        if self.active:
+            raise GenerationError("this generator is serving a batch: submit the request to its scheduler")
+        sink = _Collect()
+        slot = self.join(req, sink)
         try:
-            if reason is not None:
-                return GenerationResult(out, reason, stats, n)
-            if not use_draft:
-                self._lidx.array[0] = 0
-                while True:
-                    self._ids.array[0] = root
-                    self._pos.array[0] = L
-                    self._mask.take((L + 1,))[:] = True
-                    self._run_target(1, 1, L)
-                    self.tcache.write(L, 1)
-                    stats.rounds += 1
-                    stats.accept_lengths.append(0)
-                    L += 1
-                    root = self._next_token(sampler)
-                    new, reason = emit([root])
-                    yield new
-                    if reason is not None:
-                        return GenerationResult(out, reason, stats, n)
-
-            grower = self._growers.get(tree)
-            if grower is None:  # kept across generations: its buffers and verify-tree shapes are reused
-                grower = self._growers[tree] = TreeGrower(tree)
-            k = tree.top_k
-            top = slice(0, k)
-            while True:
-                # Grow the tree. The last context row's top-k are the root's children.
-                grower.reset()
-                ctx = self._last_row  # the context pass's last row predicts the root's children
-                frontier = grower.add_root_children(*self._topk(ctx))
-                Ld = L  # draft committed rows equal target committed rows
-                for level in range(1, tree.depth + 1):
-                    fed = frontier.fed
-                    past = Ld + fed
-                    self._gather("dhidden_in", "dhidden", frontier.parent_rows + ctx if level == 1
-                                 else frontier.parent_rows)
-                    mask = self._mask.take((k, past + k))
-                    mask[:, :Ld] = True
-                    mask[:, Ld:] = frontier.tree_mask
-                    self._ids.array[:k] = frontier.tokens
-                    self._pos.array[:k] = Ld + level - 1
-                    self._run_draft(k, 0, past)
-                    frontier = grower.add_children(*self._topk(top))
-                vt = grower.select(tree.total_tokens, root)
-                T = vt.num_nodes
-                # Verify the whole tree in one target forward.
-                mask = self._mask.take((T, L + T))
-                mask[:, :L] = True
-                mask[:, L:] = vt.mask
-                self._ids.array[:T] = vt.tokens
-                np.add(vt.depths, L, out=self._pos.array[:T])
-                self._lidx.array[:T] = self._arange[:T]
-                self._run_target(T, T, L)
-                stats.rounds += 1
-                acc = self._accept(vt, sampler)
-                stats.accept_lengths.append(int(acc.num_accepted))
-                if on_round is not None:
-                    on_round(vt, acc)
-                m = len(acc.indices)
-                self.tcache.write_rows(L, acc.indices)  # the accepted path's K/V, root first
-                tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
-                new, reason = emit(tokens)
-                if new:
-                    yield new
-                if reason is not None:
-                    return GenerationResult(out, reason, stats, n)
-                # Draft context for the committed rows: (feature of root/accepted node, next token).
-                self._draft_context(np.asarray(tokens, dtype=np.int64), acc.indices, L)
-                L += m
-                root = tokens[-1]
+            if sink.tokens:
+                yield sink.take()
+            while slot is not None and slot in self.active:
+                self.round()
+                if sink.tokens:
+                    yield sink.take()
         finally:
-            stats.decode_s = time.perf_counter() - t1
+            if slot is not None and slot in self.active:  # closed early: the slot is freed, its rows forgotten
+                self._remove(slot)
+        if sink.error is not None:
+            raise sink.error
+        return sink.result
+
+    def fail_all(self, exc: BaseException) -> None:
+        """A graph call failed: every active request fails with it (none of them can go on)."""
+        for s in self.active:
+            if s.grower is not None:
+                self._growers[s.tree].append(s.grower)
+            s.sink.fail(exc)
+        self.active = []
+
+
+class _Collect:
+    """The sink of a sequence run alone: tokens since the last yield, then its result or error."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.result: GenerationResult | None = None
+        self.error: BaseException | None = None
+
+    def push(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def take(self) -> list[int]:
+        out, self.tokens = self.tokens, []
+        return out
+
+    def finish(self, result: GenerationResult) -> None:
+        self.result = result
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+
+
+def _is_int_seq(x) -> bool:
+    try:
+        a = np.asarray(x)
+    except Exception:  # noqa: BLE001 - anything numpy cannot read is not a list of ids
+        return False
+    return a.dtype.kind in "iu" or (a.size == 0 and a.dtype.kind == "f")

@@ -17,6 +17,7 @@ keeps its bindings rebinds only the ``past_*`` views (whose length grows) from c
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,7 +27,10 @@ from .views import BufferView, RowBuffers
 
 class KVCache:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-                 device: str = "cpu", batch: int = 1, new_rows: int = 1, slots: int = 1):
+                 device: str = "cpu", batch: int = 1, new_rows: int = 1,
+                 zeros: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None, slots: int = 1):
+        """zeros: the backend's allocator (``Backend.zeros``: aligned device memory); default torch.zeros on device.
+        slots: sequences held, ``capacity`` rows each (one allocation of slots x capacity rows per buffer)."""
         if batch != 1:
             raise ValueError("a KVCache's buffers are [1, rows, ...]: give slots for several sequences")
         self.capacity = capacity  # rows per sequence
@@ -36,8 +40,10 @@ class KVCache:
         self.new_capacity = new_rows
         # One allocation [2 * layers, batch, rows, kv_heads, head_dim] each for the cache and the new-rows scratch;
         # every buffer is a contiguous slice, so one indexing call moves rows of every layer.
-        self._all, self.buffers = _stacked(2 * num_layers, capacity, kv_heads, head_dim, dtype, device)
-        self._new, self.new_buffers = _stacked(2 * num_layers, new_rows, kv_heads, head_dim, dtype, device)
+        if zeros is None:
+            zeros = lambda shape, dt: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
+        self._all, self.buffers = _stacked(2 * num_layers, capacity, kv_heads, head_dim, dtype, zeros)
+        self._new, self.new_buffers = _stacked(2 * num_layers, new_rows, kv_heads, head_dim, dtype, zeros)
         self._rows = RowBuffers(self.buffers)
         self._new_rows = RowBuffers(self.new_buffers)
         # On the CPU the copies go through numpy views of the same memory: a small torch op there can wake torch's
@@ -67,13 +73,6 @@ class KVCache:
 
     def new_block_views(self, slots: int, rows: int) -> list[BufferView]:
         return self._new_rows.block(0, slots, rows)
-
-    def block_rows(self, slots: int, rows: int) -> list[torch.Tensor]:
-        """``block_views`` as torch views (for backends that take tensors)."""
-        return self._rows.block_tensors(0, slots, rows)
-
-    def new_block_rows(self, slots: int, rows: int) -> list[torch.Tensor]:
-        return self._new_rows.block_tensors(0, slots, rows)
 
     def write(self, start: int, count: int, src: int = 0) -> None:
         """Cache rows [start, start + count) = scratch rows [src, src + count), in every buffer."""
@@ -121,7 +120,7 @@ ALIGN = 256  # bytes: TensorRT wants every bound tensor this aligned, so each bu
 
 
 def _stacked(count: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-             device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+             zeros: Callable) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """``count`` buffers [1, rows, kv_heads, head_dim] as slices of one allocation (flat order [k0, v0, k1, ...]).
 
     Each buffer's rows are padded so the next buffer starts ALIGN-aligned (when the allocation is).
@@ -129,5 +128,5 @@ def _stacked(count: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.d
     row_bytes = kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
     step = ALIGN // math.gcd(row_bytes, ALIGN)  # rows per aligned block
     padded = -(-rows // step) * step
-    whole = torch.zeros((count, 1, padded, kv_heads, head_dim), dtype=dtype, device=device)
+    whole = zeros((count, 1, padded, kv_heads, head_dim), dtype)
     return whole, [whole[i, :, :rows] for i in range(count)]

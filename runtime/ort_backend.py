@@ -6,16 +6,16 @@ import time
 from pathlib import Path
 from types import MappingProxyType
 
+import numpy as np
 import onnxruntime as ort
 import torch
 
+from eagle_export.dtypes import DTYPES, ORT_GRAPH_DTYPES
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest
+from eagle_export.tree_params import TreeParams
 
 from .views import BufferView, view_of
-
-ORT_DTYPES = ("float32", "float16")
-ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
 
 class OrtGraph:
@@ -47,13 +47,14 @@ class OrtGraph:
         self._bound_in: dict[str, BufferView] = {}  # name -> what it is bound to now
         self._bound_out: dict[str, BufferView] = {}
         self._same_outputs = None  # the read-only outputs mapping of the last run, when it was one
+        self.last_exec_s = 0.0
 
     def run(self, inputs: dict, outputs: dict) -> None:
         """Bind every input and output by address (no copy) and run.
 
-        Values are tensors, arrays or BufferViews (runtime/views.py). ``outputs`` may be a read-only
-        ``types.MappingProxyType``: passed again as the same object, its bindings are taken as they are
-        (the generator makes one per call shape; nothing can change it).
+        Values are BufferViews (runtime/views.py), or contiguous tensors and arrays (viewed here).
+        ``outputs`` may be a read-only ``types.MappingProxyType``: passed again as the same object, its
+        bindings are taken as they are (the generator makes one per call shape; nothing can change it).
 
         The IO binding keeps its bindings between runs, so a name is rebound only when its address,
         type or shape changed: in a round most calls move only the cache views. Host inputs of a
@@ -91,7 +92,8 @@ class OrtGraph:
     def _bind(self, name: str, key: BufferView, is_input: bool) -> None:
         if name not in (self.input_names if is_input else self.output_names):
             self._refuse(f"{name!r} is not one of them")
-        ptr, typ, shape, dev, idx = key
+        ptr, dtype, shape, dev, idx = key
+        typ = DTYPES[dtype].numpy
         if self._raw is None:
             (self.binding.bind_input if is_input else self.binding.bind_output)(name, dev, idx, typ, shape, ptr)
             (self._bound_in if is_input else self._bound_out)[name] = key
@@ -110,14 +112,17 @@ class OrtGraph:
 
 
 class OrtBackend:
-    """Target and draft graphs on ONNX Runtime: CPU, or the CUDA provider when it and a CUDA torch exist."""
+    """Target and draft graphs on ONNX Runtime: CPU, or the CUDA provider when it and a CUDA torch exist.
+
+    Implements ``runtime.backend.Backend``. ``run`` is synchronous: outputs are written when it returns.
+    """
 
     name = "ort"
-    binds_views = True  # run() takes BufferViews: the generator need not make a tensor per bound view
+    max_prefill = None  # any prefill chunk: the graphs' axes are dynamic
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
                  threads: int | None = None):
-        if manifest.dtype not in ORT_DTYPES:
+        if manifest.dtype not in ORT_GRAPH_DTYPES:
             raise ManifestError(
                 f"{directory} holds {manifest.dtype} graphs, which the ort backend cannot run (ONNX Runtime's CPU "
                 "provider has no kernels for them): build engines (`eagle-export build`) and use --backend tensorrt, "
@@ -129,6 +134,8 @@ class OrtBackend:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+        self.host_memory = self.device == "cpu"
+        self.last_exec_s: float | None = 0.0
         self.graphs = {
             name: OrtGraph(Path(directory) / g.file, providers, threads) for name, g in manifest.graphs.items()
         }
@@ -141,10 +148,23 @@ class OrtBackend:
                 )
             _check_types_and_dims(g.file, g.spec, session.session)
 
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        # torch's CPU allocator aligns to 64 bytes, its CUDA allocator to 512; ONNX Runtime needs no more.
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def check_tree(self, tree: TreeParams) -> None:
+        """Any tree within the artifact's limits runs (the graphs' axes are dynamic)."""
+
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         g = self.graphs[graph]
         g.run(inputs, outputs)
         self.last_exec_s = g.last_exec_s  # graph execution alone, IO binding excluded (bench's split reads it)
+
+    def to_host(self, x: torch.Tensor) -> np.ndarray:
+        return x.numpy() if x.device.type == "cpu" else x.cpu().numpy()  # a CUDA session's run has synchronised
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: ``run`` returns when the graph has run."""
 
 
 def _check_types_and_dims(file: str, spec, session) -> None:
@@ -154,7 +174,8 @@ def _check_types_and_dims(file: str, spec, session) -> None:
         want = by_name[arg.name]
         dims_ok = len(arg.shape) == len(want.shape) and all(
             isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(arg.shape, want.shape, strict=True))
-        if ORT_TYPES.get(want.dtype) != arg.type or not dims_ok:
+        known = DTYPES.get(want.dtype)
+        if known is None or known.ort != arg.type or not dims_ok:
             raise ManifestError(
                 f"graph {file}: {arg.name} is {arg.type} {list(arg.shape)} but the manifest says {want.dtype} "
                 f"{list(want.shape)} (a manifest from another model or export?): re-export"

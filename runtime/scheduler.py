@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 
 from eagle_export.errors import GenerationError
 
-from .batched import BatchedGenerator
-from .generator import GenerationResult
+from .generator import GenerationResult, Generator
 from .slots import Request
 
 log = logging.getLogger(__name__)
@@ -90,10 +89,13 @@ class RequestStream:
 
 
 class Scheduler:
-    """Owns a BatchedGenerator and the one thread that drives it; ``submit`` may be called from any thread."""
+    """Owns a Generator and the one thread that drives it; ``submit`` may be called from any thread."""
 
-    def __init__(self, gen: BatchedGenerator):
+    def __init__(self, gen: Generator, lock=None):
+        """lock: a context manager held while the batch has work (the runtime's, so that a single-sequence
+        ``stream`` on the same generator never runs at the same time); None for none."""
         self.gen = gen
+        self._lock = lock
         self._pending: collections.deque[tuple[Request, RequestStream]] = collections.deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -132,16 +134,27 @@ class Scheduler:
             self._thread.join()
 
     def _run(self) -> None:
-        gen = self.gen
         while True:
             with self._cv:
-                while not self._pending and not gen.active:
+                while not self._pending:
                     if self._closed:
                         return
                     self._cv.wait()
+            if self._lock is None:
+                self._serve()
+            else:
+                with self._lock:
+                    self._serve()
+
+    def _serve(self) -> None:
+        """Rounds until no request is active or waiting."""
+        gen = self.gen
+        while True:
             self._drop_cancelled()
             with self._cv:
                 joining = [self._pending.popleft() for _ in range(min(gen.free, len(self._pending)))]
+            if not joining and not gen.active:
+                return
             for req, stream in joining:
                 try:
                     gen.join(req, stream)

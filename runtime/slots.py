@@ -15,7 +15,7 @@ committed rows, once per ``step`` rows of growth).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -111,21 +111,10 @@ class Request:
     stop_on_eos: bool
     sampling: SamplingParams | None  # None: greedy
     rng: np.random.Generator | None = None
-    ident: int = 0
+    on_round: object | None = None  # trace hook: called with (VerifyTree, Accepted) after each verify round
 
 
 def check_max_new(max_new_tokens) -> int:
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise GenerationError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     return max_new_tokens
-
-
-@dataclass
-class SlotCounts:
-    """Rows each active slot feeds to one batched call (0: the slot sits this call out, all its rows padded)."""
-
-    rows: list[int] = field(default_factory=list)
-
-    @property
-    def width(self) -> int:
-        return max(self.rows) if self.rows else 0

@@ -1,7 +1,7 @@
 """TensorRT backend: the engines of `eagle-export build`, run by the same EAGLE loop as ONNX Runtime.
 
-Same interface as ``OrtBackend`` (``name``, ``device``, ``run(graph, inputs, outputs)``); the generator
-(``generator.py``) allocates every buffer once on ``device`` and passes views of them.
+Implements ``runtime.backend.Backend``, as ``OrtBackend`` does; the generator (``generator.py``) allocates every
+buffer once through ``zeros`` and passes ``BufferView``s of them.
 
 Per graph: one deserialized engine and one execution context per optimisation profile (bound to its
 profile once, so picking a profile per call costs nothing). Per call:
@@ -37,31 +37,18 @@ import torch
 
 from eagle_export import contract as C
 from eagle_export.contract import GraphSpec
+from eagle_export.dtypes import DTYPES
 from eagle_export.engines.profiles import Profile, choose_profile
 from eagle_export.errors import EngineError, GenerationError
 from eagle_export.manifest import Manifest
+from eagle_export.tree_params import TreeParams
+
+from .views import BufferView, host_array, view_of
 
 log = logging.getLogger(__name__)
 
 TRT_ADDRESS_ALIGNMENT = 256
-ELEM_SIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
-TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                     torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
-NAME_TO_TORCH = {v: k for k, v in TORCH_DTYPE_NAMES.items()}
 STAGED_DTYPES = ("int64", "int32", "bool")  # the small inputs the generator passes as host arrays
-
-
-@dataclass(frozen=True)
-class TensorDesc:
-    """What the planner needs to know about one array the caller passes."""
-
-    shape: tuple[int, ...]
-    dtype: str  # numpy dtype name
-    address: int | None  # device address; None: a host array, staged before the run
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * ELEM_SIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -112,28 +99,39 @@ def buffer_layout(spec: GraphSpec, profiles: list[Profile],
             staging[t.name] = (t.dtype, max(math.prod(_shape_at(t.shape, m)) for m in maxima))
     scratch = {}
     for t in spec.outputs:
-        row_bytes = math.prod(d for d in _shape_at(t.shape, maxima[0])[2:]) * ELEM_SIZE[t.dtype]
+        row_bytes = math.prod(d for d in _shape_at(t.shape, maxima[0])[2:]) * DTYPES[t.dtype].itemsize
         if row_bytes % alignment:
             scratch[t.name] = (t.dtype, max(math.prod(_shape_at(t.shape, m)) for m in maxima))
     return staging, scratch
 
 
+def on_cuda(v: BufferView) -> bool:
+    """Whether a view is device memory TensorRT can read (a CUDA device's)."""
+    return v.device == "cuda"
+
+
 class GraphBindings:
-    """Per-call planning for one graph: validate shapes, choose the profile, compute every binding. No TensorRT."""
+    """Per-call planning for one graph: validate shapes, choose the profile, compute every binding. No TensorRT.
+
+    ``is_device`` says whether a view is device memory (default: a CUDA view); host views of staged inputs are
+    copied to their staging buffer, and any other host view is refused.
+    """
 
     def __init__(self, graph: str, spec: GraphSpec, profiles: list[Profile], staging: dict[str, Buffer],
-                 scratch: dict[str, Buffer], alignment: int = TRT_ADDRESS_ALIGNMENT):
+                 scratch: dict[str, Buffer], alignment: int = TRT_ADDRESS_ALIGNMENT,
+                 is_device: Callable[[BufferView], bool] = on_cuda):
         self.graph = graph
         self.spec = spec
         self.profiles = profiles
         self.staging = staging
         self.scratch = scratch
         self.alignment = alignment
+        self.is_device = is_device
 
     def _err(self, msg: str) -> EngineError:
         return EngineError(f"{self.graph}: {msg}")
 
-    def _collect_axes(self, inputs: dict[str, TensorDesc]) -> dict[str, int]:
+    def _collect_axes(self, inputs: dict[str, BufferView]) -> dict[str, int]:
         axes: dict[str, int] = {}
         source: dict[str, str] = {}
         for t in self.spec.inputs:
@@ -156,7 +154,7 @@ class GraphBindings:
                             f" + new_tokens {axes.get(C.NEW_TOKENS)}")
         return axes
 
-    def plan(self, inputs: dict[str, TensorDesc], outputs: dict[str, TensorDesc]) -> CallPlan:
+    def plan(self, inputs: dict[str, BufferView], outputs: dict[str, BufferView]) -> CallPlan:
         for kind, given, names in (("inputs", inputs, self.spec.input_names),
                                    ("outputs", outputs, self.spec.output_names)):
             if set(given) != set(names):
@@ -184,7 +182,7 @@ class GraphBindings:
             out_bindings.append(self._bind_output(t.name, d))
         return CallPlan(self.graph, index, axes, tuple(in_bindings), tuple(out_bindings))
 
-    def _staged(self, name: str, d: TensorDesc, why: str) -> Buffer:
+    def _staged(self, name: str, d: BufferView, why: str) -> Buffer:
         buf = self.staging.get(name)
         if buf is None:
             raise self._err(f"input {name} is {why} and has no staging buffer")
@@ -192,8 +190,8 @@ class GraphBindings:
             raise self._err(f"input {name} needs {d.nbytes} bytes, its staging buffer holds {buf.nbytes}")
         return buf
 
-    def _bind_input(self, name: str, d: TensorDesc) -> Binding:
-        if d.address is None:
+    def _bind_input(self, name: str, d: BufferView) -> Binding:
+        if not self.is_device(d):
             return Binding(name, d.shape, self._staged(name, d, "a host array").address, stage="h2d")
         if d.address == 0:
             raise self._err(f"input {name} has a null address")
@@ -202,9 +200,11 @@ class GraphBindings:
             return Binding(name, d.shape, buf.address, stage="d2d")
         return Binding(name, d.shape, d.address)
 
-    def _bind_output(self, name: str, d: TensorDesc) -> Binding:
-        if d.address is None:
+    def _bind_output(self, name: str, d: BufferView) -> Binding:
+        if not self.is_device(d):
             raise self._err(f"output {name} must be a device tensor, got a host array")
+        if d.address == 0:
+            raise self._err(f"output {name} has a null address")
         if d.address % self.alignment:
             buf = self.scratch.get(name)
             if buf is None:
@@ -215,28 +215,50 @@ class GraphBindings:
         return Binding(name, d.shape, d.address)
 
 
-def tensor_address(t: torch.Tensor) -> int:
-    """Where the tensor's data starts. torch reports 0 for an empty tensor (e.g. the cache prefix before
-    the first prefill, past_len 0); TensorRT wants a non-null address for every input, so an empty view
-    gets the address it would start at (the buffer's own, aligned base for a cache prefix)."""
-    if t.numel() == 0:
-        return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
-    return t.data_ptr()
+class CudaMemory:
+    """Device allocation, streams and events on one CUDA device, through torch: the backend's one seam to the
+    hardware (the CPU emulator of ``tools/trt_emulator.py`` swaps in host memory and recorded streams)."""
+
+    def __init__(self, index: int):
+        self.device = f"cuda:{index}"
+        torch.cuda.set_device(index)
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=self.device)  # the caching allocator aligns to 512 bytes
+
+    def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, pin_memory=True)
+
+    def is_device(self, v: BufferView) -> bool:
+        return v.device == "cuda"
+
+    def bytes_at(self, v: BufferView) -> torch.Tensor:
+        """The bytes of a device view as a uint8 tensor (no copy), for the rare copies of unaligned views."""
+        return torch.as_tensor(_CudaBytes(v), device=self.device)
+
+    def stream(self):
+        return torch.cuda.Stream(device=self.device)
+
+    def current_stream(self):
+        return torch.cuda.current_stream(self.device)
+
+    def on(self, stream):
+        """Context in which torch queues its copies on ``stream``."""
+        return torch.cuda.stream(stream)
+
+    def event(self):
+        return torch.cuda.Event()
+
+    def to_host(self, x: torch.Tensor) -> np.ndarray:
+        return x.cpu().numpy()  # ordered after the current stream, which waits for the backend's
 
 
-def describe(x, is_device: Callable[[torch.Tensor], bool] | None = None,
-             address: Callable[[torch.Tensor], int] | None = None) -> TensorDesc:
-    """A TensorDesc for a torch tensor or numpy array. Device: CUDA tensors (tests may say otherwise)."""
-    if isinstance(x, torch.Tensor):
-        if not x.is_contiguous():
-            raise EngineError("bound tensors must be contiguous")
-        on_device = is_device(x) if is_device is not None else x.is_cuda
-        ptr = (address or tensor_address)(x) if on_device else None
-        return TensorDesc(tuple(x.shape), TORCH_DTYPE_NAMES[x.dtype], ptr)
-    arr = np.asarray(x)
-    if not arr.flags.c_contiguous:
-        raise EngineError("bound arrays must be contiguous")
-    return TensorDesc(tuple(arr.shape), arr.dtype.name, None)
+class _CudaBytes:
+    """``__cuda_array_interface__`` of a BufferView's bytes, so torch can wrap device memory it did not allocate."""
+
+    def __init__(self, v: BufferView):
+        self.__cuda_array_interface__ = {"shape": (v.nbytes,), "typestr": "|u1", "data": (v.address, False),
+                                         "version": 2}
 
 
 def profiles_of(manifest: Manifest, graph: str) -> list[Profile]:
@@ -266,7 +288,7 @@ class _TrtGraph:
 
     def __init__(self, backend: TrtBackend, name: str, path: Path, spec: GraphSpec, profiles: list[Profile]):
         trt = backend.lib.module
-        dev = backend.device
+        mem = backend.mem
         self.name = name
         data = path.read_bytes()
         backend.logger.reset()
@@ -292,48 +314,61 @@ class _TrtGraph:
                                   + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
             self.contexts.append(ctx)
         staging_layout, scratch_layout = buffer_layout(spec, profiles)
-        self.staging = {n: torch.empty(k, dtype=NAME_TO_TORCH[dt], device=dev) for n, (dt, k) in staging_layout.items()}
-        self.pinned = {n: torch.empty(k, dtype=NAME_TO_TORCH[dt], pin_memory=True)
-                       for n, (dt, k) in staging_layout.items()}
+        nbytes = lambda dt, k: k * DTYPES[dt].itemsize  # noqa: E731
+        # Staging and scratch buffers hold bytes: copies into and out of them never need the element type.
+        self.staging = {n: mem.zeros((nbytes(dt, k),), torch.uint8) for n, (dt, k) in staging_layout.items()}
+        self.pinned = {n: mem.pinned(nbytes(dt, k), torch.uint8) for n, (dt, k) in staging_layout.items()}
         self.pinned_np = {n: t.numpy() for n, t in self.pinned.items()}
-        self.scratch = {n: torch.empty(k, dtype=NAME_TO_TORCH[dt], device=dev) for n, (dt, k) in scratch_layout.items()}
-        self.h2d_done = torch.cuda.Event()
+        self.scratch = {n: mem.zeros((nbytes(dt, k),), torch.uint8) for n, (dt, k) in scratch_layout.items()}
+        self.h2d_done = mem.event()
         self.h2d_pending = False
         self.planner = GraphBindings(
             name, spec, profiles,
-            staging={n: Buffer(t.data_ptr(), t.numel() * t.element_size()) for n, t in self.staging.items()},
-            scratch={n: Buffer(t.data_ptr(), t.numel() * t.element_size()) for n, t in self.scratch.items()},
+            staging={n: Buffer(t.data_ptr(), t.numel()) for n, t in self.staging.items()},
+            scratch={n: Buffer(t.data_ptr(), t.numel()) for n, t in self.scratch.items()},
+            is_device=mem.is_device,
         )
 
 
 class TrtBackend:
-    """Target and draft engines on one CUDA device; same interface as OrtBackend."""
+    """Target and draft engines on one CUDA device. Implements ``runtime.backend.Backend``.
+
+    ``lib`` and ``mem`` are the seams to TensorRT and to the device: by default the library the engines were
+    built with and ``CudaMemory``; the CPU emulator (``tools/trt_emulator.py``) passes stand-ins for both.
+    """
 
     name = "tensorrt"
+    host_memory = False
+    last_exec_s = None  # work is queued on a stream: time run + synchronize
 
-    def __init__(self, directory: Path, manifest: Manifest, device: int | None = None):
+    def __init__(self, directory: Path, manifest: Manifest, device: int | None = None, *, lib=None, mem=None):
         directory = Path(directory)
         check_engines(directory, manifest)
-        if not torch.cuda.is_available():
-            raise EngineError(
-                "the tensorrt backend runs engines on an NVIDIA GPU, but torch sees no CUDA device here "
-                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): use --backend ort, or run on "
-                "a machine with a GPU, its driver and a CUDA build of torch"
-            )
-        from eagle_export.engines.libs import load_lib, make_logger
-
         info = manifest.engines
-        self.lib = load_lib(info.lib)
+        if mem is None:
+            if not torch.cuda.is_available():
+                raise EngineError(
+                    "the tensorrt backend runs engines on an NVIDIA GPU, but torch sees no CUDA device here "
+                    f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): use --backend ort, or "
+                    "run on a machine with a GPU, its driver and a CUDA build of torch"
+                )
+            mem = CudaMemory(torch.cuda.current_device() if device is None else device)
+        if lib is None:
+            from eagle_export.engines.libs import load_lib
+
+            lib = load_lib(info.lib)
+        from eagle_export.engines.libs import make_logger
+
+        self.lib = lib
         if self.lib.version != info.lib_version:
             raise EngineError(f"the engines in {directory} were built with {info.lib} {info.lib_version}, but "
                               f"{self.lib.label} is installed: install that version or rebuild with "
                               f"`eagle-export build {directory}`")
-        index = torch.cuda.current_device() if device is None else device
-        self.device = f"cuda:{index}"
-        torch.cuda.set_device(index)
+        self.mem = mem
+        self.device = mem.device
         self.max_prefill = int(info.options["max_prefill"])
         self.max_tree_tokens = int(info.options["max_tree_tokens"])
-        self.stream = torch.cuda.Stream(device=self.device)
+        self.stream = mem.stream()
         self.logger = make_logger(self.lib)
         self.runtime = self.lib.module.Runtime(self.logger)
         self.graphs = {
@@ -342,47 +377,59 @@ class TrtBackend:
         }
         self.stream.synchronize()
 
-    def check_tree(self, tree) -> None:
-        """Called by the generator before a generation: the verify must fit the engine's verify profile."""
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.mem.zeros(shape, dtype)
+
+    def to_host(self, x: torch.Tensor) -> np.ndarray:
+        return self.mem.to_host(x)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def check_tree(self, tree: TreeParams) -> None:
+        """The verify of a round must fit the engine's verify profile."""
         if tree.verify_tokens > self.max_tree_tokens:
             raise GenerationError(
                 f"total_tokens={tree.total_tokens} needs a verify of {tree.verify_tokens} tokens, but the engines "
                 f"were built for at most {self.max_tree_tokens} (rebuild with a larger --max-tree-tokens)"
             )
 
-    def _stage(self, g: _TrtGraph, b: Binding, x) -> None:
-        n = math.prod(b.shape)
+    def _stage(self, g: _TrtGraph, b: Binding, x: BufferView) -> None:
+        n = x.nbytes
         if b.stage == "d2d":
-            g.staging[b.name][:n].view(b.shape).copy_(x)
+            g.staging[b.name][:n].copy_(self.mem.bytes_at(x))
             return
         if g.h2d_pending:  # the pinned buffers may still feed the previous call's copies
             g.h2d_done.synchronize()
             g.h2d_pending = False
-        src = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-        np.copyto(g.pinned_np[b.name][:n].reshape(b.shape), src)
+        np.copyto(g.pinned_np[b.name][:n], host_array(x._replace(dtype="uint8", shape=(n,))))
         g.staging[b.name][:n].copy_(g.pinned[b.name][:n], non_blocking=True)
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         g = self.graphs[graph]
-        plan = g.planner.plan({n: describe(x) for n, x in inputs.items()},
-                              {n: describe(x) for n, x in outputs.items()})
+        inputs = {n: view_of(x) for n, x in inputs.items()}
+        outputs = {n: view_of(x) for n, x in outputs.items()}
+        plan = g.planner.plan(inputs, outputs)
         ctx = g.contexts[plan.profile]
-        caller = torch.cuda.current_stream(self.device)
+        mem = self.mem
+        caller = mem.current_stream()
         s = self.stream
         s.wait_stream(caller)
-        with torch.cuda.stream(s):
+        with mem.on(s):
             staged = False
-            for b in plan.inputs:
-                if b.stage is not None:
-                    self._stage(g, b, inputs[b.name])
-                    staged = staged or b.stage == "h2d"
-                if not ctx.set_input_shape(b.name, b.shape):
-                    raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {b.name} "
-                                      f"(profile {plan.profile}): " + "; ".join(self.logger.errors))
-                ctx.set_tensor_address(b.name, b.address)
-            if staged:
-                g.h2d_done.record(s)
-                g.h2d_pending = True
+            try:
+                for b in plan.inputs:
+                    if b.stage is not None:
+                        staged = staged or b.stage == "h2d"
+                        self._stage(g, b, inputs[b.name])
+                    if not ctx.set_input_shape(b.name, b.shape):
+                        raise EngineError(f"{graph}: TensorRT refused shape {list(b.shape)} for {b.name} "
+                                          f"(profile {plan.profile}): " + "; ".join(self.logger.errors))
+                    ctx.set_tensor_address(b.name, b.address)
+            finally:
+                if staged:  # recorded even when a later input failed: the next call waits for these copies
+                    g.h2d_done.record(s)
+                    g.h2d_pending = True
             for b in plan.outputs:
                 got = tuple(ctx.get_tensor_shape(b.name))
                 if got != b.shape:
@@ -395,6 +442,6 @@ class TrtBackend:
                                   + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
             for b in plan.outputs:
                 if b.copy_back:
-                    n = math.prod(b.shape)
-                    outputs[b.name].copy_(g.scratch[b.name][:n].view(b.shape))
+                    v = outputs[b.name]
+                    mem.bytes_at(v).copy_(g.scratch[b.name][:v.nbytes])
         caller.wait_stream(s)

@@ -1,32 +1,50 @@
-"""Buffer views by address: what a backend that binds raw memory needs, without making a tensor per call.
+"""Bound memory, described once for every backend: ``BufferView`` and the arithmetic that makes views.
 
-A verify call binds two cache views per layer, and making each as a torch slice costs more than ONNX Runtime's
-bind itself. The loop's buffers never move, so a view of rows [start, start + count) is just
-``base + start * row_bytes`` with a shape: ``RowBuffers`` computes that arithmetic for a set of same-shaped
-buffers, and ``HostScratch`` for the flat host arrays that feed ids, positions and masks.
+A backend binds raw memory: an address, an element type and a shape. ``BufferView`` is that description, used
+by ONNX Runtime's IO binding and TensorRT's tensor addresses alike. A verify call binds two cache views per
+layer, and making each as a torch slice costs more than ONNX Runtime's bind itself. The loop's buffers never
+move, so a view of rows [start, start + count) is just ``base + start * row_bytes`` with a shape:
+``RowBuffers`` computes that arithmetic for a set of same-shaped buffers, and ``HostScratch`` for the flat
+host arrays that feed ids, positions and masks.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-TORCH_TO_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+from eagle_export.dtypes import BY_TORCH, DTYPES
 
 
 class BufferView(NamedTuple):
-    """A contiguous block of memory: address, numpy element type, shape, device type and index."""
+    """A contiguous block of memory: address, element type (the contract's dtype name), shape, and where it
+    lives: ``device`` "cpu" (host memory) or "cuda", with the device ``index``."""
 
     address: int
-    dtype: type
+    dtype: str
     shape: tuple[int, ...]
     device: str
     index: int
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
 
 _new_view = tuple.__new__  # BufferView from a tuple without NamedTuple's Python-level __new__ (hot loop)
+
+
+def tensor_address(t: torch.Tensor) -> int:
+    """Where the tensor's data starts. torch reports 0 for an empty tensor (e.g. the cache prefix before the
+    first prefill, past_len 0); a backend wants a non-null address for every tensor, so an empty view gets the
+    address it would start at (the buffer's own, aligned base for a cache prefix)."""
+    if t.numel() == 0:
+        return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    return t.data_ptr()
 
 
 def view_of(x: torch.Tensor | np.ndarray | BufferView) -> BufferView:
@@ -37,10 +55,24 @@ def view_of(x: torch.Tensor | np.ndarray | BufferView) -> BufferView:
         if not x.is_contiguous():
             raise ValueError("bound tensors must be contiguous")
         dev = x.device
-        return BufferView(x.data_ptr(), TORCH_TO_NP[x.dtype], tuple(x.shape), dev.type, dev.index or 0)
+        return BufferView(tensor_address(x), BY_TORCH[x.dtype].name, tuple(x.shape), dev.type, dev.index or 0)
     if not x.flags.c_contiguous:
         raise ValueError("bound arrays must be contiguous")
-    return BufferView(x.ctypes.data, x.dtype.type, x.shape, "cpu", 0)
+    return BufferView(x.ctypes.data, x.dtype.name, x.shape, "cpu", 0)
+
+
+def host_array(v: BufferView) -> np.ndarray:
+    """A numpy array over the host memory a view describes (no copy). Not for bfloat16 (numpy has no such type)."""
+    if v.device != "cpu":
+        raise ValueError(f"a {v.device} view is not host memory")
+    typ = DTYPES[v.dtype].numpy
+    if typ is None:
+        raise ValueError(f"numpy has no {v.dtype} type")
+    n = math.prod(v.shape)
+    if n == 0:
+        return np.zeros(v.shape, dtype=typ)
+    raw = (ctypes.c_char * (n * np.dtype(typ).itemsize)).from_address(v.address)
+    return np.frombuffer(raw, dtype=typ).reshape(v.shape)
 
 
 class RowBuffers:
@@ -59,10 +91,10 @@ class RowBuffers:
         self.rows = first.shape[1]
         self._tail = tuple(first.shape[2:])
         self._row_bytes = first[0, :1].numel() * first.element_size()
-        # data_ptr() of a buffer is its row 0 even when a view of it is empty; it never moves.
-        self._addresses = [b.data_ptr() for b in buffers]
+        # The address of a buffer's row 0 (even when the buffer has no rows); it never moves.
+        self._addresses = [tensor_address(b) for b in buffers]
         dev = first.device
-        self._type, self._dev, self._idx = TORCH_TO_NP[first.dtype], dev.type, dev.index or 0
+        self._type, self._dev, self._idx = BY_TORCH[first.dtype].name, dev.type, dev.index or 0
         self._heads: dict[int, list[BufferView]] = {}
 
     def check(self, start: int, count: int) -> None:
@@ -87,11 +119,6 @@ class RowBuffers:
         off, shape, t, d, i = start * self._row_bytes, (slots, count, *self._tail), self._type, self._dev, self._idx
         return [_new_view(BufferView, (a + off, t, shape, d, i)) for a in self._addresses]
 
-    def block_tensors(self, start: int, slots: int, count: int) -> list[torch.Tensor]:
-        """``block`` as torch views (no copy)."""
-        self.check(start, slots * count)
-        return [b[0, start:start + slots * count].view(slots, count, *self._tail) for b in self.buffers]
-
     def head(self, count: int) -> list[BufferView]:
         """``views(0, count)``, made once per count (the loop binds the same leading rows call after call)."""
         got = self._heads.get(count)
@@ -106,7 +133,7 @@ class HostScratch:
     def __init__(self, size: int, dtype: type):
         self.array = np.zeros(size, dtype=dtype)
         self._address = self.array.ctypes.data
-        self._type = self.array.dtype.type
+        self._type = self.array.dtype.name
 
     def _size(self, shape: tuple[int, ...]) -> int:
         n = 1

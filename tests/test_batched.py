@@ -226,8 +226,11 @@ streams = [rt.submit(prompt_ids=list(range(3, 23 + 5 * i)), max_new_tokens=24, s
 for s in streams:
     s.wait(timeout=300)
 g = rt.scheduler.gen
+bufs = [g.tcache._all, g.tcache._new, g.dcache._all, g.dcache._new, g.ctx_hidden, *g._t.values()]
+host = [g._mask.array, g._ids.array, g._pos.array, g._lidx.array, g.ctx_vals, g.ctx_ids]
 print(json.dumps({"rss": rss() - before, "active": max(rt.scheduler.active_per_round),
-                  "kv": sum(t.numel() * t.element_size() for t in (g.tcache._all, g.dcache._all))}))
+                  "kv": sum(t.numel() * t.element_size() for t in (g.tcache._all, g.dcache._all)),
+                  "buffers": sum(t.numel() * t.element_size() for t in bufs) + sum(a.nbytes for a in host)}))
 """
 
 
@@ -248,10 +251,12 @@ def test_eight_sequences_share_one_set_of_weights(tmp_path):
 
     one, eight = child(1), child(8)
     weights = sum(p.stat().st_size for p in art.glob("*.onnx*"))
-    extra_kv = eight["kv"] - one["kv"]
+    extra_kv, extra = eight["kv"] - one["kv"], eight["buffers"] - one["buffers"]
     mib = 2**20
-    print(f"\nweights {weights / mib:.1f} MiB; B=1: RSS +{one['rss'] / mib:.1f} MiB (K/V {one['kv'] / mib:.1f}); "
-          f"B=8: RSS +{eight['rss'] / mib:.1f} MiB (K/V {eight['kv'] / mib:.1f}); "
-          f"B=8 - B=1: {(eight['rss'] - one['rss']) / mib:.1f} MiB for {extra_kv / mib:.1f} MiB more K/V")
+    print(f"\nweights {weights / mib:.1f} MiB; B=1: RSS +{one['rss'] / mib:.1f} MiB (K/V {one['kv'] / mib:.1f}, all "
+          f"buffers {one['buffers'] / mib:.1f}); B=8: RSS +{eight['rss'] / mib:.1f} MiB (K/V {eight['kv'] / mib:.1f}, "
+          f"all buffers {eight['buffers'] / mib:.1f}); B=8 - B=1: {(eight['rss'] - one['rss']) / mib:.1f} MiB")
     assert eight["active"] == 8 and extra_kv > weights  # the 7 extra caches outweigh one copy of the weights
-    assert eight["rss"] <= one["rss"] + 1.15 * extra_kv
+    # B = 8 costs its extra buffers (mostly the 7 K/V caches) + 15%, and 8 MiB for the graphs' larger working
+    # memory and allocator noise (measured spread of one process's RSS: about 10 MiB): never a weight copy.
+    assert eight["rss"] <= one["rss"] + 1.15 * extra + 8 * mib

@@ -7,9 +7,11 @@ import json
 import sys
 
 import pytest
+import torch
 from cli_run import cli, fail
 
 from eagle_export import contract as C
+from eagle_export.runtime.backend import Backend
 from eagle_export.tools.bench import TimingBackend, bench, n_alpha
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
@@ -89,27 +91,48 @@ def test_bench_builtin_prompts(gqa):
     assert d["aggregate"]["prompts"] == len(d["prompts"])
 
 
+class _FakeBackend:
+    """A Backend (runtime/backend.py) that records calls; ``exec_s``: what it reports as last_exec_s."""
+
+    name, device, host_memory, max_prefill = "fake", "cpu", True, None
+
+    def __init__(self, exec_s):
+        self.last_exec_s = exec_s
+        self.calls: list = []
+        self.syncs = 0
+
+    def zeros(self, shape, dtype):
+        return torch.zeros(shape, dtype=dtype)
+
+    def run(self, graph, inputs, outputs):
+        self.calls.append(graph)
+
+    def check_tree(self, tree):
+        self.calls.append(("check_tree", tree))
+
+    def to_host(self, x):
+        return x.numpy()
+
+    def synchronize(self):
+        self.syncs += 1
+
+
 def test_timing_proxy_forwards_and_times():
-    class Fake:
-        name, device = "fake", "cpu"
-        calls: list = []
-
-        def run(self, graph, inputs, outputs):
-            self.calls.append(graph)
-
-        def check_tree(self, tree):
-            return "checked"
-
-    inner = Fake()
+    inner = _FakeBackend(0.25)  # ONNX Runtime-like: reports its execution time
     proxy = TimingBackend(inner)
-    assert (proxy.name, proxy.device) == ("fake", "cpu")
+    assert isinstance(proxy, Backend) and (proxy.name, proxy.device, proxy.host_memory) == ("fake", "cpu", True)
     proxy.run(C.TARGET_GRAPH, {}, {})
     proxy.run(C.DRAFT_GRAPH, {}, {})
     proxy.run(C.DRAFT_GRAPH, {}, {})
     assert inner.calls == [C.TARGET_GRAPH, C.DRAFT_GRAPH, C.DRAFT_GRAPH]
     assert proxy.calls == {C.TARGET_GRAPH: 1, C.DRAFT_GRAPH: 2}
-    assert proxy.seconds[C.DRAFT_GRAPH] >= 0
-    assert proxy.check_tree(None) == "checked"  # optional hooks pass through
+    assert proxy.seconds == {C.TARGET_GRAPH: 0.25, C.DRAFT_GRAPH: 0.5} and inner.syncs == 0
+    proxy.check_tree("tree")
+    assert inner.calls[-1] == ("check_tree", "tree")
+    queued = _FakeBackend(None)  # TensorRT-like: work on a stream, timed around run + synchronize
+    proxy = TimingBackend(queued)
+    proxy.run(C.TARGET_GRAPH, {}, {})
+    assert queued.syncs == 1 and 0 <= proxy.seconds[C.TARGET_GRAPH] < 0.25
 
 
 def test_n_alpha():

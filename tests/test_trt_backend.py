@@ -16,26 +16,31 @@ from click.testing import CliRunner
 
 from eagle_export import contract as C
 from eagle_export.cli import main
+from eagle_export.dtypes import DTYPES
 from eagle_export.errors import EagleExportError, EngineError, GenerationError
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.backend import Backend
 from eagle_export.runtime.generator import Generator
 from eagle_export.runtime.ort_backend import OrtBackend
 from eagle_export.runtime.trt_backend import (
-    ELEM_SIZE,
     Buffer,
     GraphBindings,
-    TensorDesc,
     TrtBackend,
     buffer_layout,
-    describe,
     profiles_of,
-    tensor_address,
 )
+from eagle_export.runtime.views import BufferView, tensor_address, view_of
 from eagle_export.tree_params import TreeParams
 
 NO_CUDA = "no CUDA device: TensorRT engines are built here (TensorRT-RTX, ahead of time) but cannot run"
 BASE = 1 << 40  # fake device addresses: 256-byte aligned like CUDA allocations
+HOST = 0x7000_0000  # a fake host address (the planner never reads host memory)
+
+
+def desc(shape: tuple, dtype: str, address: int | None) -> BufferView:
+    """A view of fake device memory at ``address``, or (None) of a host array."""
+    return BufferView(HOST if address is None else address, dtype, shape, "cpu" if address is None else "cuda", 0)
 
 
 def planners(manifest, alignment=256):
@@ -47,8 +52,8 @@ def planners(manifest, alignment=256):
         staging, scratch = buffer_layout(g.spec, profiles, alignment)
         out[name] = GraphBindings(
             name, g.spec, profiles,
-            staging={n: Buffer(next(fake), k * ELEM_SIZE[dt]) for n, (dt, k) in staging.items()},
-            scratch={n: Buffer(next(fake), k * ELEM_SIZE[dt]) for n, (dt, k) in scratch.items()},
+            staging={n: Buffer(next(fake), k * DTYPES[dt].itemsize) for n, (dt, k) in staging.items()},
+            scratch={n: Buffer(next(fake), k * DTYPES[dt].itemsize) for n, (dt, k) in scratch.items()},
             alignment=alignment,
         )
     return out
@@ -66,12 +71,12 @@ def m16(engines):
 
 def target_call(past: int, new: int, rows: int, dtype="float32", cache=0x10_0000_0000, row_bytes=256):
     """Descs for a target call: host ids/positions/mask/rows, device cache views and outputs."""
-    kv = lambda rows_, addr: TensorDesc((1, rows_, 4, 16), dtype, addr)  # noqa: E731
-    inputs = {C.INPUT_IDS: TensorDesc((1, new), "int64", None), C.POSITION_IDS: TensorDesc((1, new), "int64", None),
-              C.ATTENTION_MASK: TensorDesc((1, new, past + new), "bool", None),
-              C.LOGIT_INDICES: TensorDesc((1, rows), "int64", None)}
-    outputs = {C.LOGITS: TensorDesc((1, rows, 48), "float32", 0x20_0000_0000),
-               C.FEATURES: TensorDesc((1, new, 64), dtype, 0x30_0000_0000)}
+    kv = lambda rows_, addr: desc((1, rows_, 4, 16), dtype, addr)  # noqa: E731
+    inputs = {C.INPUT_IDS: desc((1, new), "int64", None), C.POSITION_IDS: desc((1, new), "int64", None),
+              C.ATTENTION_MASK: desc((1, new, past + new), "bool", None),
+              C.LOGIT_INDICES: desc((1, rows), "int64", None)}
+    outputs = {C.LOGITS: desc((1, rows, 48), "float32", 0x20_0000_0000),
+               C.FEATURES: desc((1, new, 64), dtype, 0x30_0000_0000)}
     for i, name in enumerate(C.past_names(2)):
         inputs[name] = kv(past, cache + i * 0x1_0000_0000)
     for i, name in enumerate(C.present_names(2)):
@@ -132,20 +137,20 @@ def test_plan_redirects_unaligned_present_rows(m16):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda i, o: i.pop(C.LOGIT_INDICES), "inputs do not match the engine's: missing ['logit_indices']"),
-    (lambda i, o: o.update(extra=TensorDesc((1,), "int64", BASE)), "unknown ['extra']"),
-    (lambda i, o: i.update({C.INPUT_IDS: TensorDesc((1, 13), "int32", None)}), "input_ids is int32"),
-    (lambda i, o: i.update({C.POSITION_IDS: TensorDesc((1, 12), "int64", None)}),
+    (lambda i, o: o.update(extra=desc((1,), "int64", BASE)), "unknown ['extra']"),
+    (lambda i, o: i.update({C.INPUT_IDS: desc((1, 13), "int32", None)}), "input_ids is int32"),
+    (lambda i, o: i.update({C.POSITION_IDS: desc((1, 12), "int64", None)}),
      "input position_ids gives new_tokens=12 but input_ids gives 13"),
-    (lambda i, o: i.update({C.ATTENTION_MASK: TensorDesc((1, 13, 51), "bool", None)}),
+    (lambda i, o: i.update({C.ATTENTION_MASK: desc((1, 13, 51), "bool", None)}),
      "attention_mask covers 51 keys, not past_len 37 + new_tokens 13"),
-    (lambda i, o: i.update({"past_key.0": TensorDesc((1, 37, 4, 8), "float32", BASE)}),
+    (lambda i, o: i.update({"past_key.0": desc((1, 37, 4, 8), "float32", BASE)}),
      "past_key.0 has shape [1, 37, 4, 8], the contract says ['batch', 'past_len', 4, 16]"),
-    (lambda i, o: o.update({C.LOGITS: TensorDesc((1, 12, 48), "float32", BASE)}),
+    (lambda i, o: o.update({C.LOGITS: desc((1, 12, 48), "float32", BASE)}),
      "output logits buffer is float32 [1, 12, 48], the engine writes float32 [1, 13, 48]"),
-    (lambda i, o: o.update({C.LOGITS: TensorDesc((1, 13, 48), "float32", None)}), "logits must be a device tensor"),
-    (lambda i, o: o.update({"present_key.0": TensorDesc((1, 13, 4, 16), "float32", BASE + 64)}),
+    (lambda i, o: o.update({C.LOGITS: desc((1, 13, 48), "float32", None)}), "logits must be a device tensor"),
+    (lambda i, o: o.update({"present_key.0": desc((1, 13, 4, 16), "float32", BASE + 64)}),
      "present_key.0 is at an address not 256-byte aligned and has no scratch"),
-    (lambda i, o: i.update({"past_key.0": TensorDesc((1, 37, 4, 16), "float32", BASE + 64)}),
+    (lambda i, o: i.update({"past_key.0": desc((1, 37, 4, 16), "float32", BASE + 64)}),
      "past_key.0 is at an address not 256-byte aligned and has no staging buffer"),
 ])
 def test_plan_errors(m32, edit, message):
@@ -166,34 +171,54 @@ def test_plan_outside_every_profile(m32):
     assert "--max-prefill / --max-tree-tokens" in msg
 
 
+def aligned_zeros(shape: tuple, dtype: torch.dtype, alignment: int = 256) -> torch.Tensor:
+    """A zero CPU tensor whose data starts at a multiple of ``alignment`` bytes (torch's CPU allocator gives 64)."""
+    n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.zeros(n + alignment, dtype=torch.uint8)
+    off = -raw.data_ptr() % alignment
+    return raw[off:off + n].view(dtype).view(shape)
+
+
 class PlanningBackend:
-    """ONNX Runtime runs the graphs; every call is also planned exactly as TrtBackend plans it, on simulated
-    device addresses (each torch storage gets a 256-aligned fake base; numpy arrays are host arrays)."""
+    """ONNX Runtime runs the graphs; every call is also planned exactly as TrtBackend plans it. "Device memory"
+    is what ``zeros`` allocated (256-byte aligned host memory); anything else is a host array to stage."""
 
     name = "ort+trt-plan"
     device = "cpu"
+    host_memory = True
+    max_prefill = None
+    last_exec_s = None
 
     def __init__(self, art, manifest):
         self.ort = OrtBackend(art, manifest, threads=1)
         self.planners = planners(manifest)
+        for p in self.planners.values():
+            p.is_device = self.is_device
         self.max_tree_tokens = manifest.engines.options["max_tree_tokens"]
-        self._bases: dict[int, int] = {}
-        self._fake = itertools.count(BASE + (1 << 36), 1 << 28)
+        self._blocks: list[tuple[int, int]] = []
         self.calls = []
 
-    def address(self, t: torch.Tensor) -> int:
-        storage = t.untyped_storage().data_ptr()
-        base = self._bases.setdefault(storage, next(self._fake))
-        return base + (tensor_address(t) - storage)
+    def zeros(self, shape, dtype):
+        t = aligned_zeros(shape, dtype)
+        self._blocks.append((t.data_ptr(), t.numel() * t.element_size()))
+        return t
+
+    def is_device(self, v: BufferView) -> bool:
+        return any(a <= v.address <= a + n for a, n in self._blocks)
 
     def check_tree(self, tree):
         TrtBackend.check_tree(self, tree)
 
     def run(self, graph, inputs, outputs):
-        d = lambda x: describe(x, is_device=lambda t: True, address=self.address)  # noqa: E731
-        plan = self.planners[graph].plan({n: d(x) for n, x in inputs.items()}, {n: d(x) for n, x in outputs.items()})
+        plan = self.planners[graph].plan(inputs, outputs)
         self.calls.append(plan)
         self.ort.run(graph, inputs, outputs)
+
+    def to_host(self, x):
+        return x.numpy()
+
+    def synchronize(self):
+        pass
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -222,11 +247,11 @@ def test_every_step_of_a_generation_is_planned(engines, dtype):
         by_in = {b.name: b for b in plan.inputs}
         by_out = {b.name: b for b in plan.outputs}
         for i, name in enumerate(C.past_names(layers)):
-            assert by_in[name].address == be.address(cache.buffers[i]) and by_in[name].shape[1] == past
+            assert by_in[name].address == cache.buffers[i].data_ptr() and by_in[name].shape[1] == past
         for i, name in enumerate(C.present_names(layers)):
             # New K/V land at row 0 of the cache's new-rows scratch (aligned: bound in place, never redirected).
             b = by_out[name]
-            assert not b.copy_back and b.address == be.address(cache.new_buffers[i])
+            assert not b.copy_back and b.address == cache.new_buffers[i].data_ptr()
             assert b.shape[1] == new
         for b in plan.inputs:
             if b.stage:
@@ -234,7 +259,7 @@ def test_every_step_of_a_generation_is_planned(engines, dtype):
                 staged += 1
         if graph == C.TARGET_GRAPH:
             rows = plan.axes["logit_rows"]
-            assert by_out[C.LOGITS].address == be.address(gen.logits)
+            assert by_out[C.LOGITS].address == gen.logits.data_ptr()
             if rows > 1:
                 assert plan.profile == 1 and rows == new == tree.verify_tokens  # verify
             if new > tree.verify_tokens:
@@ -268,18 +293,37 @@ def test_check_tree_unit():
         TrtBackend.check_tree(stub, TreeParams(2, 2, 5))
 
 
-def test_describe():
+def test_views_of_tensors():
     t = torch.zeros(1, 3, 4)
-    assert describe(t) == TensorDesc((1, 3, 4), "float32", None)  # CPU tensor: a host array
-    assert describe(t, is_device=lambda x: True).address == t.data_ptr()
-    assert describe(np.ones((1, 2, 2), dtype=np.bool_)) == TensorDesc((1, 2, 2), "bool", None)
-    with pytest.raises(EngineError, match="contiguous"):
-        describe(torch.zeros(4, 4).t())
+    assert view_of(t) == BufferView(t.data_ptr(), "float32", (1, 3, 4), "cpu", 0)
+    assert view_of(torch.zeros(2, dtype=torch.bfloat16)).dtype == "bfloat16"  # bf16 has its entry
+    assert view_of(np.ones((1, 2, 2), dtype=np.bool_))[1:] == ("bool", (1, 2, 2), "cpu", 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        view_of(torch.zeros(4, 4).t())
     # An empty cache prefix (past_len 0) is bound at its buffer's base, never at torch's 0 for empty tensors.
     cache = torch.zeros(1, 10, 4, 16)
     assert cache[:, :0].data_ptr() == 0
-    assert describe(cache[:, :0], is_device=lambda x: True).address == cache.data_ptr()
+    assert view_of(cache[:, :0]).address == cache.data_ptr()
     assert tensor_address(cache[:, 3:3]) == cache.data_ptr() + 3 * 4 * 16 * 4
+
+
+def test_backends_implement_the_protocol(engines):
+    from eagle_export.tools.bench import TimingBackend
+
+    art = engines("fp32")
+    ort_be = OrtBackend(art, load_manifest(art), threads=1)
+    plan_be = PlanningBackend(art, load_manifest(art))
+    for be in (ort_be, plan_be, TimingBackend(ort_be)):
+        assert isinstance(be, Backend)
+    members = [*Backend.__annotations__, *(m for m in vars(Backend) if not m.startswith("_"))]
+    assert {"run", "zeros", "to_host", "check_tree", "synchronize", "max_prefill", "host_memory"} <= set(members)
+    # TrtBackend needs CUDA to construct here: check the class declares every member (instance ones in __init__).
+    import inspect
+
+    src = inspect.getsource(TrtBackend)
+    assert all(hasattr(TrtBackend, m) or f"self.{m} =" in src for m in members), members
+    with pytest.raises(TypeError, match="does not implement runtime.backend.Backend"):
+        Generator(load_manifest(art), SimpleNamespace(name="x", run=lambda *a: None))
 
 
 def test_open_without_engines_is_a_clear_error(engines, tmp_path):

@@ -57,10 +57,10 @@ def test_host_scratch_view_is_the_taken_array():
 
 
 def test_view_of():
-    v = BufferView(1234, np.float32, (1, 2), "cpu", 0)
+    v = BufferView(1234, "float32", (1, 2), "cpu", 0)
     assert view_of(v) is v
     t = torch.zeros(2, 3)
-    assert view_of(t) == (t.data_ptr(), np.float32, (2, 3), "cpu", 0)
+    assert view_of(t) == (t.data_ptr(), "float32", (2, 3), "cpu", 0)
     with pytest.raises(ValueError, match="contiguous"):
         view_of(t.t())
     with pytest.raises(ValueError, match="contiguous"):

@@ -33,6 +33,7 @@ from pathlib import Path
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
+from eagle_export.runtime.backend import Backend
 from eagle_export.tree_params import TreeParams
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
@@ -58,38 +59,52 @@ def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
 
 
 class TimingBackend:
-    """Wraps a backend: forwards ``run`` and times it per graph name; any other attribute passes through.
+    """Wraps a backend (``runtime.backend.Backend``, which it implements too): forwards every member and times
+    ``run`` per graph name.
 
     A backend that reports ``last_exec_s`` (ONNX Runtime: the time inside the session's run, binding excluded) is
-    timed by that, so binding the call's buffers counts as host work; otherwise the time around ``run`` is the
-    graph's. A backend with a ``stream`` (TensorRT) is synchronized after each call so the call's device work is
-    inside its time.
+    timed by that, so binding the call's buffers counts as host work. One that reports None (TensorRT: work queued
+    on a stream) is synchronized after each call and timed around ``run`` + ``synchronize``, so the call's device
+    work is inside its time.
     """
 
-    def __init__(self, inner):
+    def __init__(self, inner: Backend):
         self._inner = inner
         self.name = inner.name
         self.device = inner.device
-        stream = getattr(inner, "stream", None)
-        self._sync = getattr(stream, "synchronize", None) if stream is not None else None
+        self.host_memory = inner.host_memory
+        self.max_prefill = inner.max_prefill
+        self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
+        inner = self._inner
         t0 = time.perf_counter()
-        self._inner.run(graph, inputs, outputs)
-        if self._sync is not None:
-            self._sync()
-        spent = time.perf_counter() - t0
-        self.seconds[graph] += getattr(self._inner, "last_exec_s", spent)
+        inner.run(graph, inputs, outputs)
+        exec_s = inner.last_exec_s
+        if exec_s is None:
+            inner.synchronize()
+            exec_s = time.perf_counter() - t0
+        self.last_exec_s = exec_s
+        self.seconds[graph] += exec_s
         self.calls[graph] += 1
+
+    def zeros(self, shape: tuple[int, ...], dtype):
+        return self._inner.zeros(shape, dtype)
+
+    def check_tree(self, tree: TreeParams) -> None:
+        self._inner.check_tree(tree)
+
+    def to_host(self, x):
+        return self._inner.to_host(x)
+
+    def synchronize(self) -> None:
+        self._inner.synchronize()
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
-
-    def __getattr__(self, name):  # optional hooks (check_tree, max_prefill, ...) of the wrapped backend
-        return getattr(self._inner, name)
 
 
 class _Installed:
@@ -300,11 +315,9 @@ class PairedSession:
         return self.rt.manifest
 
     def check_tree(self, tree: TreeParams) -> TreeParams:
-        """The tree against the artifact's limits and, where the backend has one (TensorRT), its engines' check."""
+        """The tree against the artifact's limits and the backend's own check (TensorRT: its engines' sizes)."""
         tree.validate(self.rt.manifest.tree_limits)
-        check = getattr(self.rt.backend, "check_tree", None)
-        if check is not None:
-            check(tree)
+        self.rt.backend.check_tree(tree)
         return tree
 
     def warm_up(self, tree: TreeParams, max_new_tokens: int) -> None:

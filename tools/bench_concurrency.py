@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export import contract as C
-from eagle_export.prompts import prompt_ids as _prompt_ids
+from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts
 from eagle_export.tree_params import TreeParams
 
-from .bench import BenchError, PromptSpec, TimingBackend, builtin_prompts, peak_rss_mb, read_prompts
+from .bench import BenchError, TimingBackend, builtin_prompts, peak_rss_mb
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -215,7 +215,7 @@ def bench_concurrency(artifact: str | Path, *, concurrency: list[int], requests:
             try:
                 if specs is None:
                     specs = builtin_prompts(rt.tokenizer is not None, rt.manifest.target.vocab_size)
-                ids = [_prompt_ids(rt, s) for s in specs]
+                ids = [prompt_ids(rt, s) for s in specs]
                 m = requests or max(2 * max(concurrency), len(ids))
                 work = [ids[i % len(ids)] for i in range(m)]
                 use_tree = tree or rt.manifest.tree_defaults

@@ -130,10 +130,10 @@ def graph_inputs(m, graph: str, new: int, past: int, rows: int, rng) -> dict[str
 
 def run_backend(backend, m, graph: str, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One call through a backend's run(), with inputs and outputs laid out as the generator lays them out."""
-    from eagle_export.runtime.generator import TORCH_DTYPES
+    from eagle_export.dtypes import torch_dtype
 
     dev = backend.device
-    dt = TORCH_DTYPES[m.dtype]
+    dt = torch_dtype(m.dtype)
     spec = m.graphs[graph].spec
     inputs: dict = {}
     for t in spec.inputs:

@@ -251,7 +251,7 @@ def _describe_device(rt) -> str:
     import os
     import platform
 
-    dev = str(getattr(rt.backend, "device", "cpu"))
+    dev = str(rt.backend.device)
     if dev.startswith("cuda"):
         try:
             import torch

@@ -1,0 +1,65 @@
+"""The one interface between the EAGLE loop and a graph runtime.
+
+The generator (``generator.py``) allocates every buffer once, through ``Backend.zeros``, and then calls
+``Backend.run`` with ``BufferView``s (``views.py``) of those buffers: address, dtype, shape and where the memory
+lives. ``OrtBackend`` (ONNX Runtime), ``TrtBackend`` (TensorRT engines) and bench's ``TimingBackend`` implement
+it; ``tests/test_backend_protocol.py`` checks that each does. Every member is required: the loop never asks
+whether a backend has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from eagle_export.tree_params import TreeParams
+
+from .views import BufferView
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the EAGLE loop needs from a graph runtime (one target graph and one draft graph)."""
+
+    #: Short name: "ort" or "tensorrt" (what ``--backend`` takes).
+    name: str
+    #: The torch device of the buffers ``zeros`` allocates ("cpu", "cuda:0").
+    device: str
+    #: True when those buffers are plain host memory that the loop may read and write through numpy views at any
+    #: time (ONNX Runtime on the CPU). False: the loop reads them only through ``to_host``.
+    host_memory: bool
+    #: The largest prompt chunk one prefill call may take (TensorRT: the prefill profile's maximum), or None.
+    max_prefill: int | None
+    #: Seconds the last ``run`` spent executing the graph, binding excluded (bench's draft/target/host split), or
+    #: None when the backend cannot tell (work queued on a device stream: time ``run`` + ``synchronize`` instead).
+    last_exec_s: float | None
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled contiguous buffer on ``device``, aligned as the backend binds memory (256 bytes)."""
+        ...
+
+    def check_tree(self, tree: TreeParams) -> None:
+        """Raise ``GenerationError`` when a round of this tree cannot run (engines built for smaller trees)."""
+        ...
+
+    def run(self, graph: str, inputs: Mapping[str, BufferView], outputs: Mapping[str, BufferView]) -> None:
+        """Run ``graph`` ("target_verify" or "draft_step") on exactly the graph's inputs and outputs.
+
+        Views of host memory (``device`` "cpu") are read when the call is made: the caller may refill them
+        once ``run`` returns. Outputs are written in place; on a device they are ready for work the caller
+        queues afterwards on its current stream, and for ``to_host``. ``outputs`` may be a read-only
+        ``types.MappingProxyType``: passed again as the same object, a backend may take its bindings as they
+        were (the generator makes one per call shape; nothing can change it).
+        """
+        ...
+
+    def to_host(self, x: torch.Tensor) -> np.ndarray:
+        """A host copy of (rows of) a buffer from ``zeros``, once the work queued before it has written them."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait until all work this backend queued has finished (a no-op where ``run`` is synchronous)."""
+        ...
