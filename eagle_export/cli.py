@@ -14,6 +14,8 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
+from .progress import end_open_bars
+from .text_stream import TextStream
 from .tree_params import TreeLimits, TreeParams
 
 _DEF_TREE = TreeParams()
@@ -25,6 +27,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except EagleExportError as e:
+            end_open_bars()  # an interrupted step's bar: the error starts on its own line
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 
@@ -62,7 +65,7 @@ def main() -> None:
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them (default: the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
@@ -93,7 +96,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
 @click.option("--workspace", default=None, help="TensorRT workspace pool limit, e.g. 512M, 2G [default: TensorRT's].")
 @click.option("--timing-cache", type=click.Path(path_type=Path), default=None,
               help="Timing cache file, read if present and written after building (tensorrt only).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per engine).")
 def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, workspace, timing_cache, quiet) -> None:
     """Build TensorRT engines for the graphs of ARTIFACT and record them in its manifest."""
     from .engines.builder import BuildOptions, build_engines
@@ -181,17 +184,13 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
         for _ in stream:
             pass
     else:
-        shown = ""
-        done: list[int] = []
+        text = None if rt.tokenizer is None else TextStream(lambda ids: rt.decode(ids) or "")
         for chunk in stream:
-            done += chunk
-            if rt.tokenizer is None:
+            if text is None:
                 click.echo(" ".join(map(str, chunk)) + " ", nl=False)
-            else:  # print the growing text's new suffix, so multi-token characters come out whole
-                text = rt.decode(done) or ""
-                click.echo(text[len(shown):], nl=False)
-                shown = text
-        click.echo()
+            else:  # a character split across tokens is held back until it completes
+                click.echo(text.push(chunk), nl=False)
+        click.echo("" if text is None else text.flush())
     res = stream.result
     if as_json:
         out = res.to_dict()

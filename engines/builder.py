@@ -20,11 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from eagle_export.contract import GraphSpec
 from eagle_export.errors import EngineError
 from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
+from eagle_export.progress import progress_bar
 
 from .libs import TrtLib, load_lib, make_logger
 from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options
@@ -289,7 +288,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             timing_cache = cache_owner[1].create_timing_cache(blob)
 
     names = list(manifest.graphs)
-    bar = tqdm(total=len(names), desc="build", unit="engine", disable=not progress)
+    bar = progress_bar(len(names), "build", "engine", progress)
     built: dict[str, tuple[EngineEntry, Path]] = {}
     tmp_files: list[Path] = []
     try:

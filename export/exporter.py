@@ -13,12 +13,12 @@ from pathlib import Path
 
 import onnx
 import torch
-from tqdm.auto import tqdm
 
 from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.errors import CheckpointError, EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
+from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
@@ -123,10 +123,10 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
                 f"{out_dir} is a non-empty directory that is not an eagle-export artifact: refusing to replace it"
             )
     dtype = DTYPES[options.dtype]
-    steps = tqdm(total=5, desc="export", disable=not progress, unit="step")
+    steps = progress_bar(5, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
-    target = load_target(target_dir, dtype=torch.float32, progress=progress)
+    target = load_target(target_dir, dtype=torch.float32, progress=terminal_bars(progress))
     if options.max_seq_len > target.config.max_position_embeddings:
         raise CheckpointError(
             f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "

@@ -116,3 +116,42 @@ class EngineFactory:
 @pytest.fixture(scope="session")
 def engines(models, tmp_path_factory) -> EngineFactory:
     return EngineFactory(models, tmp_path_factory.mktemp("engines"))
+
+
+# The bigram pair (tests/bigram.py): a target whose greedy output follows a fixed cycle of tokens and a head that
+# drafts it exactly (every draft accepted). The cycle spells "naïve 你" in the tiny byte-level BPE (a vocabulary
+# of 384 holds all 256 bytes), so two characters are split across tokens; EOS (2) is inserted after the "v".
+BIGRAM_TEXT = "naïve 你"
+BIGRAM_EOS_AT = 4
+
+
+@pytest.fixture(scope="session")
+def bigram(tmp_path_factory):
+    """{"text": ..., "eos": ...} -> (target, artifact, cycle): the bigram pair without and with EOS in its cycle,
+    exported with capacity 128 and the default tree (top_k 4, depth 3: 4 drafts and a bonus per round)."""
+    from bigram import make_bigram_pair
+    from transformers import AutoTokenizer
+
+    from eagle_export.tools.tiny_models import make_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("bigram")
+    tok = make_tiny_tokenizer(root / "tok", 384)
+    text_cycle = tok(BIGRAM_TEXT, add_special_tokens=False)["input_ids"]
+    assert AutoTokenizer.from_pretrained(root / "tok").decode(text_cycle) == BIGRAM_TEXT
+    eos_cycle = text_cycle[:BIGRAM_EOS_AT] + [2] + text_cycle[BIGRAM_EOS_AT:]
+    out = {}
+    for name, cycle in (("text", text_cycle), ("eos", eos_cycle)):
+        target, draft = make_bigram_pair(root / name, cycle)
+        art = export_artifact(target, draft, root / name / "artifact", ExportOptions(max_seq_len=128),
+                              progress=False)
+        out[name] = (target, art, cycle)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """head name -> the trained fixture exported with that head (as the demo exports it), each once per session."""
+    from eagle_export.tools.demo import export_fixture
+
+    root = tmp_path_factory.mktemp("trained")
+    return lambda head: export_fixture(head, root / head)

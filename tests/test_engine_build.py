@@ -125,9 +125,13 @@ def test_cli_build_with_options(engines, tmp_path):
     art = shutil.copytree(engines.artifact("fp16"), tmp_path / "art")
     cache = tmp_path / "timing.cache"
     res = CliRunner().invoke(main, ["build", str(art), "--engine-lib", "tensorrt-rtx", "--max-prefill", "16",
-                                    "--max-tree-tokens", "8", "--workspace", "256M", "--timing-cache", str(cache),
-                                    "--quiet"])
+                                    "--max-tree-tokens", "8", "--workspace", "256M", "--timing-cache", str(cache)])
     assert res.exit_code == 0, res.output
+    # stderr is not a terminal here: one progress line per engine, no redrawn bar.
+    assert "\r" not in res.stderr
+    progress = [ln for ln in res.stderr.splitlines() if ln.startswith("build ")]
+    assert [ln.split(" (")[0] for ln in progress] == ["build target_verify: 1/2 engines",
+                                                      "build draft_step: 2/2 engines"], res.stderr
     lines = res.output.strip().splitlines()
     assert any(ln.startswith("target_verify: target_verify.engine") and "prefill: new_tokens 1..16" in ln
                and "verify: new_tokens 1..8" in ln for ln in lines), res.output

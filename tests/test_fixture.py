@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.bench import read_prompts
-from eagle_export.tools.demo import FIXTURE, HEADS, export_fixture, fixture_tree
+from eagle_export.tools.demo import FIXTURE, HEADS, fixture_tree
 from eagle_export.tree_params import TreeLimits
 
 MAX_MIB = 30.0
@@ -54,8 +54,8 @@ def reference():
 
 
 @pytest.mark.parametrize("head", HEADS)
-def test_trained_head_is_accepted_deep_and_output_stays_lossless(tmp_path_factory, reference, head):
-    art = export_fixture(head, tmp_path_factory.mktemp(head) / "artifact")
+def test_trained_head_is_accepted_deep_and_output_stays_lossless(trained, reference, head):
+    art = trained(head)
     rt = EagleRuntime.open(art, threads=1)
     cmp = Comparison()
     accepted, rounds = 0, 0

@@ -1,4 +1,5 @@
-"""The KV buffers are allocated once per runtime and the decoding loop neither reallocates nor copies them."""
+"""The KV buffers are allocated once per runtime, the decoding loop neither reallocates nor copies them, and the rows it
+commits hold the right K/V (transformers' own cache for the target)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.kv_cache import KVCache
@@ -49,17 +51,42 @@ def test_buffers_are_allocated_once_and_loop_allocates_nothing_cache_sized(model
                                                 *gen.dcache.new_buffers], strict=True))
 
 
-def test_loop_writes_kv_into_the_preallocated_buffers(models):
-    """After generation the committed rows hold exactly the K/V a fresh prefill of the whole text computes."""
-    _, _, art = models("gqa", max_seq_len=256)
+def poisoned_runtime(art) -> EagleRuntime:
+    """A runtime whose K/V buffers (committed and new-rows scratch) hold NaN: a row nobody wrote cannot match."""
     rt = EagleRuntime.open(art, threads=1)
+    g = rt.generator
+    for b in (*g.tcache.buffers, *g.dcache.buffers, *g.tcache.new_buffers, *g.dcache.new_buffers):
+        b.fill_(float("nan"))
+    return rt
+
+
+def test_loop_writes_kv_into_the_preallocated_buffers(models):
+    """After generation the committed target rows hold exactly transformers' own K/V cache of the whole text, and the
+    committed draft rows equal a fresh prefill's on a second runtime (every buffer of both NaN-poisoned first)."""
+    target, _, art = models("gqa", max_seq_len=256)
+    rt = poisoned_runtime(art)
     prompt = list(range(3, 20))
     res = rt.generate(prompt_ids=prompt, max_new_tokens=30, tree=TreeParams(4, 3, 10), stop_on_eos=False)
-    committed = len(prompt) + len(res.tokens) - 1  # the last token is not fed yet
-    eagle_rows = [b[0, :committed].clone() for b in rt.generator.tcache.buffers]
-    rt.generate(prompt_ids=prompt + res.tokens[:-1], max_new_tokens=1, use_draft=False, stop_on_eos=False)
-    for got, want in zip(eagle_rows, rt.generator.tcache.buffers, strict=True):
-        np.testing.assert_allclose(got.numpy(), want[0, :committed].numpy(), atol=1e-4)
+    assert sum(res.stats.accept_lengths) > 0  # multi-token commits are among the rows checked
+    text = prompt + res.tokens[:-1]  # the last token is not fed yet
+    committed = len(text)
+    # Target: transformers' cache of the same text (keys after RoPE, as the graph's present_key).
+    hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        cache = hf(torch.tensor([text]), use_cache=True).past_key_values
+    bufs = rt.generator.tcache.buffers
+    assert len(bufs) == 2 * len(cache.layers)
+    for i, layer in enumerate(cache.layers):
+        for got, want in ((bufs[2 * i], layer.keys), (bufs[2 * i + 1], layer.values)):
+            np.testing.assert_allclose(got[0, :committed].numpy(), want[0].transpose(0, 1).numpy(), atol=1e-4)
+    # Draft: the rows of every round but the last (the last round's context pass never runs: generation ended).
+    drafted = len(prompt) + sum(a + 1 for a in res.stats.accept_lengths[:-1])
+    fresh = poisoned_runtime(art)
+    fresh.generate(prompt_ids=text, max_new_tokens=1, stop_on_eos=False)  # prefill + the draft's context pass
+    for got, want in zip(rt.generator.dcache.buffers, fresh.generator.dcache.buffers, strict=True):
+        assert not torch.isnan(want[0, :committed]).any()
+        np.testing.assert_allclose(got[0, :drafted].numpy(), want[0, :drafted].numpy(), atol=1e-4)
+    print(f"\n{committed} target rows equal transformers' cache, {drafted} draft rows a fresh prefill's")
 
 
 def test_write_copies_new_rows_into_the_cache():

@@ -5,7 +5,8 @@ random EAGLE-1/2 heads (with and without fc.bias), and Llama, Qwen2, Qwen3 and M
 random EAGLE-3 heads (draft vocabulary smaller than the target's with a random d2t, identity
 mapping, a narrower head): 20 prompts x 64 new tokens per model at several tree settings, fp32.
 EAGLE-1/2 heads on Qwen2, Qwen3 and Mistral targets: a few prompts. A mismatch is a tie only where
-the reference's top-2 gap < 1e-4.
+the reference's top-2 gap < 1e-4, and none is allowed; the tokens compared are counted up to a first
+mismatch.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def check_lossless(models, preset: str, draft_kw: dict, trees, count: int = PROM
     print(f"\n{preset} ({m.target.architecture}, {m.variant}, draft vocab {m.draft.vocab_size}): {cmp.tokens} tokens "
           f"compared, {cmp.ties} ties (top-2 gap < 1e-4), {accepted} draft tokens accepted")
     assert not cmp.failures, "\n".join(cmp.failures[:5])
-    assert cmp.ties <= 3, f"{cmp.ties} ties: the tiny model is too flat for a meaningful comparison"
+    # fp32 graphs differ from PyTorch by ~1e-6 in the logits; no reference top-2 gap in these runs is that close.
+    assert cmp.ties == 0, f"{cmp.ties} ties (reference top-2 gap < 1e-4): {cmp.tokens} tokens compared before them"
     return cmp, accepted
 
 

@@ -1,7 +1,8 @@
 """The runtime against the PyTorch oracle (runtime/oracle.py), round by round: same tree (tokens and
 parents), same accepted length, same committed tokens. Hypothesis draws the tree settings, the
-prompt, the length and the tiny model (one of them with capacity 40, so generations end on
-capacity mid-round). The oracle is itself lossless, and it catches runtime bugs that leave the
+prompt, the length and the tiny model (one of them with capacity 40); explicit examples make
+generations on that model reach capacity mid-generation (asserted: finish_reason "capacity", exactly
+capacity - prompt tokens). The oracle is itself lossless, and it catches runtime bugs that leave the
 output tokens intact (a token-level comparison alone would not)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from model_table import EAGLE3_MODELS
 from reference import Comparison, GreedyReference
@@ -68,13 +69,35 @@ def cases(draw):
     return model, tree, prompt, draw(st.integers(1, 14))
 
 
+# Capacity 40 reached mid-generation: 40 - prompt tokens < the length asked for (the random prompts of `cases` are
+# 1-38 tokens, about 6 on average, so they almost never get there).
+CAPACITY_EXAMPLES = [
+    ("mha-capacity40", TreeParams(4, 3, 12), [(5 * i + 3) % VOCAB for i in range(30)], 14),
+    ("mha-capacity40", TreeParams(8, 3, 24), [(7 * i + 1) % VOCAB for i in range(33)], 14),
+    ("mha-capacity40", TreeParams(1, 3, 3), [(11 * i + 2) % VOCAB for i in range(35)], 9),
+    ("mha-capacity40", TreeParams(2, 0, 2), [(3 * i + 4) % VOCAB for i in range(38)], 5),
+    ("mha-capacity40", TreeParams(3, 2, 10), [(13 * i + 5) % VOCAB for i in range(39)], 3),  # room for 1 token
+]
+
+
+def _with_capacity_examples(test):
+    for case in CAPACITY_EXAMPLES:
+        test = example(case=case)(test)
+    return test
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=cases())
+@_with_capacity_examples
 def test_runtime_equals_oracle_round_by_round(pairs, case):
     name, tree, prompt, n = case
     rt, oracle, capacity = pairs[name]
     res, rounds = traced(rt, prompt, n, tree)
     want = oracle.generate(prompt, n, tree, capacity=capacity)
+    if len(prompt) + n > capacity:
+        assert res.finish_reason == "capacity" and len(res.tokens) == capacity - len(prompt), res
+    else:
+        assert res.finish_reason == "length" and len(res.tokens) == n, res
     cmp = compare_with_oracle(res.tokens, rounds, want, TIE_GAP)
     assert cmp.status in ("match", "tie"), f"{name} {tree}: {cmp.detail}"
     if cmp.status == "match":

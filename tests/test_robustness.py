@@ -2,8 +2,9 @@
 a missing tokenizer, a manifest from another model, truncated weights, an export interrupted half-way.
 Each ends in a clear error (or, for threads, in correct results), never a bare traceback.
 
-Not covered because it does not exist yet: TensorRT engine files (no engine is built; `validate
---backend tensorrt` refuses with a clear message, see test_validate.py)."""
+TensorRT engine files are built in CI (test_engine_build.py); their bad cases (missing or truncated engine
+files, no CUDA device) are in test_trt_backend.py, and `validate --backend tensorrt` refusing with a clear
+message in test_validate.py."""
 
 from __future__ import annotations
 

@@ -274,6 +274,16 @@ def bonus_not_residual(tree, probs, rng) -> Accepted:
     return Accepted(path, tree.tokens[path[1:]].copy(), sample_token(bonus_from, rng))
 
 
+def leaf_bonus_from_parent(tree, probs, rng) -> Accepted:
+    """WRONG: the correct walk, but after a fully accepted path (a leaf) the bonus is drawn from the leaf's
+    parent's row instead of the leaf's own."""
+    acc = accept_sampling(tree, probs, rng)
+    leaf = int(acc.indices[-1])
+    if len(tree.children_of(leaf)) or leaf == 0:
+        return acc
+    return Accepted(acc.indices, acc.tokens, sample_token(np.asarray(probs[int(tree.parents[leaf])]), rng))
+
+
 PROMPT = (3, 1)
 N_SYNTH = 10000  # samples per case (the runtime test, test_sampling_lossless.py, takes 20,000)
 N_WRONG = 3000  # the wrong rules are off by far more than this needs
@@ -298,8 +308,10 @@ def sample_counts(lm: Synthetic, n_tokens: int, seed: int, accept=accept_samplin
 
 @pytest.mark.parametrize("params, top_k, depth, scale", SYNTH_CASES)
 def test_recursive_rejection_is_lossless_on_deep_trees(params, top_k, depth, scale):
-    """The joint of depth+1 tokens (so a fully accepted path and its bonus are observed) equals the
-    exact product of the target's conditionals; the wrong rules fail the same test."""
+    """The joint of the first depth+1 tokens (one per draft level: the drafts of a fully accepted path, or a
+    shorter path and its bonus, then the next round) equals the exact product of the target's conditionals; the
+    wrong rules fail the same test. The bonus after a fully accepted path is the (depth+2)-th token: see
+    test_bonus_after_a_fully_accepted_path."""
     lm = Synthetic(params, top_k, depth, scale)
     n = depth + 1
     want = lm.exact_joint(PROMPT, n)
@@ -313,6 +325,44 @@ def test_recursive_rejection_is_lossless_on_deep_trees(params, top_k, depth, sca
         bad = g_test(sample_counts(lm, n, seed=2, accept=wrong, samples=N_WRONG)[0], want)
         print(f"  wrong rule {wrong.__name__}: {bad}")
         assert bad.p < 1e-6, (wrong.__name__, bad)
+
+
+def bonus_counts(lm: Synthetic, seed: int, samples: int, accept=accept_sampling) -> tuple[dict, int]:
+    """First rounds at PROMPT: for every fully accepted path (a leaf), the counts of the bonus token drawn after it."""
+    rng = np.random.default_rng(seed)
+    tree, rows = lm.tree(PROMPT)
+    counts: dict[tuple, np.ndarray] = {}
+    for _ in range(samples):
+        acc = accept(tree, rows, rng)
+        if len(acc.tokens) == lm.depth + 1:
+            counts.setdefault(tuple(int(t) for t in acc.tokens), np.zeros(V, dtype=np.int64))[acc.bonus] += 1
+    return counts, sum(int(c.sum()) for c in counts.values())
+
+
+def conditional_fit(lm: Synthetic, counts: dict) -> object:
+    """G-test of the bonus counts against p(. | PROMPT + path), each path weighted by how often it was observed."""
+    total = sum(int(c.sum()) for c in counts.values())
+    obs = np.stack(list(counts.values()))
+    want = np.stack([c.sum() / total * lm.probs(PROMPT + path) for path, c in counts.items()])
+    return g_test(obs, want)
+
+
+@pytest.mark.parametrize("params, top_k, depth, scale", SYNTH_CASES)
+def test_bonus_after_a_fully_accepted_path(params, top_k, depth, scale):
+    """After the whole path to a leaf is accepted, the bonus is drawn from the target at the leaf, p(. | prompt +
+    path): observed over the first rounds that accept a full path, and a bonus drawn from the leaf's parent's row
+    fails the same test."""
+    lm = Synthetic(params, top_k, depth, scale)
+    counts, full = bonus_counts(lm, seed=3, samples=N_SYNTH)
+    res = conditional_fit(lm, counts)
+    print(f"\nsynthetic {params} top_k={top_k} depth={depth}: {full} of {N_SYNTH} first rounds accepted a full "
+          f"path ({len(counts)} distinct); their bonus: {res}")
+    assert full >= 500, f"only {full} fully accepted paths: the bonus after a full path is barely observed"
+    assert res.p > 1e-3, res
+    bad_counts, _ = bonus_counts(lm, seed=4, samples=N_SYNTH, accept=leaf_bonus_from_parent)
+    bad = conditional_fit(lm, bad_counts)
+    print(f"  wrong rule leaf_bonus_from_parent: {bad}")
+    assert bad.p < 1e-6, bad
 
 
 def test_accept_sampling_walks_exactly_the_visited_rows():

@@ -6,11 +6,14 @@ two generated tokens, P(t1, t2 | prompt), comes from transformers: forward passe
 checkpoint plus transformers' own warpers (temperature, top-p). 20,000 EAGLE generations per
 setting (fixed seeds, so the test is deterministic) must pass a G-test against it (p > 1e-3), and
 so must the `--no-draft` sampling path, and the two modes must agree with each other. The same
-statistic must reject a deliberately wrong acceptance rule (accept every draft with probability 1).
+statistic must reject deliberately wrong acceptance rules.
 
 t1 is drawn from the prefill's logits; t2 is the first acceptance of the tree's root: one of the
 root's top_k draft children accepted by recursive rejection, or the bonus drawn from the residual.
-Deeper levels of acceptance are checked exactly on a synthetic target in test_sampling.py.
+The tree has depth 0, so when t2 is an accepted draft the path is fully accepted and t3 is the bonus
+after it: those t3 must follow transformers' P(t3 | prompt, t1, t2) (and a bonus drawn from the root's
+row instead of the leaf's fails). Deeper levels of acceptance are checked exactly on a synthetic target
+in test_sampling.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from stats import g_test, g_test_two_sample
-from test_sampling import no_renormalise
+from test_sampling import leaf_bonus_from_parent, no_renormalise
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -61,9 +64,14 @@ def rt(model):
 
 
 @pytest.fixture(scope="module")
-def ref_logits(model):
+def hf_model(model):
+    return AutoModelForCausalLM.from_pretrained(model[0], dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def ref_logits(hf_model):
     """Target logits (float32, from the original checkpoint) for the prompt and for every prompt + [t1]."""
-    m = AutoModelForCausalLM.from_pretrained(model[0], dtype=torch.float32, attn_implementation="eager").eval()
+    m = hf_model
     with torch.no_grad():
         first = m(torch.tensor([PROMPT])).logits[0, -1]
         second = m(torch.tensor([PROMPT + [t] for t in range(V)])).logits[:, -1]
@@ -87,15 +95,32 @@ def entropy(p: np.ndarray) -> np.ndarray:
     return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0), axis=-1)
 
 
-def sample_pairs(rt: EagleRuntime, n: int, p: SamplingParams, seed0: int, use_draft: bool) -> tuple[np.ndarray, int]:
+def sample_pairs(rt: EagleRuntime, n: int, p: SamplingParams, seed0: int, use_draft: bool,
+                 bonus: dict | None = None) -> tuple[np.ndarray, int]:
+    """Counts of (t1, t2) over n seeded generations, and how many t2 were accepted drafts. With ``bonus`` (a dict),
+    3 tokens are generated (t1 and t2 draw the same random numbers as with 2) and, where t2 was an accepted draft,
+    bonus[(t1, t2)] counts t3: the bonus drawn after the fully accepted depth-0 path."""
     counts = np.zeros((V, V), dtype=np.int64)
     accepted = 0
     for i in range(n):
-        res = rt.generate(prompt_ids=PROMPT, max_new_tokens=2, tree=TREE, use_draft=use_draft, stop_on_eos=False,
-                          sampling=p.with_seed(seed0 + i))
+        res = rt.generate(prompt_ids=PROMPT, max_new_tokens=2 if bonus is None else 3, tree=TREE, use_draft=use_draft,
+                          stop_on_eos=False, sampling=p.with_seed(seed0 + i))
         counts[res.tokens[0], res.tokens[1]] += 1
-        accepted += sum(res.stats.accept_lengths)
+        first = res.stats.accept_lengths[0] if res.stats.accept_lengths else 0
+        accepted += first
+        if bonus is not None and first:
+            bonus.setdefault((res.tokens[0], res.tokens[1]), np.zeros(V, dtype=np.int64))[res.tokens[2]] += 1
     return counts, accepted
+
+
+def bonus_fit(hf_model, bonus: dict, p: SamplingParams):
+    """G-test of the t3 counts against transformers' P(t3 | prompt, t1, t2), each (t1, t2) weighted as observed."""
+    keys = list(bonus)
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPT + list(k) for k in keys])).logits[:, -1].double()
+    cond = warp(logits, p).numpy()
+    obs = np.stack([bonus[k] for k in keys])
+    return g_test(obs, obs.sum(1, keepdims=True) / obs.sum() * cond)
 
 
 def test_reference_is_neither_flat_nor_one_hot(ref_logits):
@@ -111,21 +136,25 @@ def test_reference_is_neither_flat_nor_one_hot(ref_logits):
 
 
 @pytest.mark.parametrize("params", SETTINGS)
-def test_eagle_sampling_has_the_target_distribution(rt, ref_logits, params):
+def test_eagle_sampling_has_the_target_distribution(rt, ref_logits, hf_model, params):
     want = exact_joint(ref_logits, params)
     t0 = time.perf_counter()
-    eagle, accepted = sample_pairs(rt, N_EAGLE, params, seed0=0, use_draft=True)
+    bonus: dict = {}
+    eagle, accepted = sample_pairs(rt, N_EAGLE, params, seed0=0, use_draft=True, bonus=bonus)
     t1 = time.perf_counter()
     plain, _ = sample_pairs(rt, N_NODRAFT, params, seed0=10**6, use_draft=False)
     t2 = time.perf_counter()
     fit_eagle, fit_plain, same = g_test(eagle, want), g_test(plain, want), g_test_two_sample(eagle, plain)
+    fit_bonus = bonus_fit(hf_model, bonus, params)
     print(f"\n{params}: {N_EAGLE} EAGLE samples in {t1 - t0:.1f} s, t2 an accepted draft in {accepted} "
           f"({accepted / N_EAGLE:.0%}); {N_NODRAFT} no-draft samples in {t2 - t1:.1f} s"
-          f"\n  EAGLE vs exact:    {fit_eagle}\n  no-draft vs exact: {fit_plain}\n  EAGLE vs no-draft: {same}")
+          f"\n  EAGLE vs exact:    {fit_eagle}\n  no-draft vs exact: {fit_plain}\n  EAGLE vs no-draft: {same}"
+          f"\n  t3 after an accepted t2 (the bonus after a full path) vs exact: {fit_bonus}")
     assert accepted > N_EAGLE // 10  # acceptance (not only the residual) is exercised
     assert fit_eagle.p > P_MIN, fit_eagle
     assert fit_plain.p > P_MIN, fit_plain
     assert same.p > P_MIN, same
+    assert fit_bonus.n == accepted and fit_bonus.p > P_MIN, fit_bonus
 
 
 def always_accept(tree, probs, rng) -> Accepted:
@@ -144,6 +173,17 @@ def test_the_statistic_rejects_a_wrong_acceptance_rule(rt, ref_logits, monkeypat
     counts, _ = sample_pairs(rt, N_WRONG, params, seed0=0, use_draft=True)
     res = g_test(counts, exact_joint(ref_logits, params))
     print(f"\nwrong rule {wrong.__name__}, {N_WRONG} samples: {res}")
+    assert res.p < 1e-6, res
+
+
+def test_the_statistic_rejects_a_bonus_from_the_parents_row(rt, hf_model, monkeypatch):
+    """WRONG: after the fully accepted depth-0 path, t3 drawn from the root's row instead of the leaf's."""
+    params = SamplingParams(1.0)
+    monkeypatch.setattr(generator_module, "accept_sampling", leaf_bonus_from_parent)
+    bonus: dict = {}
+    sample_pairs(rt, N_WRONG, params, seed0=0, use_draft=True, bonus=bonus)
+    res = bonus_fit(hf_model, bonus, params)
+    print(f"\nwrong rule leaf_bonus_from_parent, {N_WRONG} samples: t3 after an accepted t2: {res}")
     assert res.p < 1e-6, res
 
 

@@ -367,14 +367,24 @@ def test_ort_refuses_bf16(engines):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_tensorrt_generation_equals_ort(engines, dtype):  # pragma: no cover - needs a GPU
+    from reference import FP16_TIE_GAP, TIE_GAP, Comparison, GreedyReference
+
     art = engines(dtype)
     trt_rt = EagleRuntime.open(art, backend="tensorrt")
     ort_rt = EagleRuntime.open(art, backend="ort", providers=["CPUExecutionProvider"])
+    ref = GreedyReference(engines.sources(dtype)[0])  # transformers, fp32, on the original checkpoint
+    cmp = Comparison()
     for prompt in ([3, 9, 27], list(range(3, 40))):
+        want = ref.generate(prompt, 20)
         for use_draft in (True, False):
             a = trt_rt.generate(prompt_ids=prompt, max_new_tokens=20, use_draft=use_draft, stop_on_eos=False)
             b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=20, use_draft=use_draft, stop_on_eos=False)
             if dtype == "fp32":
                 assert a.tokens == b.tokens
-            else:  # fp16 kernels differ between providers: near-ties may flip; most tokens must agree
-                assert sum(x == y for x, y in zip(a.tokens, b.tokens, strict=True)) >= 10
+            # A divergence from transformers is allowed only at a measured near-tie of its logits (then the rest
+            # of the sequence is not compared); fp16 kernels differ between providers, so fp16 takes the fp16 gap.
+            ref.compare(prompt, a.tokens, want, cmp, f"tensorrt {dtype} {'eagle' if use_draft else 'no-draft'}",
+                        tie_gap=TIE_GAP if dtype == "fp32" else FP16_TIE_GAP)
+    print(f"\ntensorrt {dtype}: {cmp.tokens} tokens equal to transformers, {cmp.ties} ties")
+    assert not cmp.failures, "\n".join(cmp.failures)
+    assert cmp.ties <= (0 if dtype == "fp32" else 2), cmp

@@ -69,7 +69,9 @@ def fail(*args, expect: tuple[str, ...]) -> str:
 @pytest.mark.parametrize("preset, kw", COMBINATIONS)
 def test_validate_passes(models, preset, kw):
     _, _, art = models(preset, **kw)
-    report = validate(art, prompts=1, max_new_tokens=8)
+    fp16 = kw.get("dtype") == "fp16"
+    prompts, new = (4, 16) if fp16 else (1, 8)
+    report = validate(art, prompts=prompts, max_new_tokens=new)
     text = report.format()
     assert report.passed, text
     m = load_manifest(art)
@@ -84,8 +86,20 @@ def test_validate_passes(models, preset, kw):
     # Cache 0 and near capacity are among the inputs of both graphs.
     for graph in report.graphs.values():
         assert any("cache 0" in c for c in graph.cases) and any("near capacity" in c for c in graph.cases)
-    assert report.greedy.tokens > 0 and report.eagle.prompts == 1
-    print(f"\n{preset} {kw}: " + ", ".join(f"{k} {v:.1e}" for k, v in worst_errors(report).items()))
+    g, e = report.greedy, report.eagle
+    assert e.prompts == prompts
+    if fp16:
+        # fp16 graphs against the fp32 reference: every greedy token still equals transformers' (2 modes x 4 x 16),
+        # and at most half of the EAGLE runs end their round-by-round comparison at a tie (draft scores within
+        # the tie gap), with at least 20 rounds compared before it (measured: 64 tokens, 0 ties; 2 ties, 30 rounds).
+        assert g.ties == 0 and g.tokens == 2 * prompts * new, g
+        assert e.ties <= prompts // 2 and e.rounds >= 20, e
+    else:
+        assert g.ties == 0 and g.tokens == 2 * prompts * new, g  # tokens are counted only up to a divergence
+        assert e.ties == 0 and e.rounds >= 1, e
+    print(f"\n{preset} {kw}: " + ", ".join(f"{k} {v:.1e}" for k, v in worst_errors(report).items())
+          + f"; greedy {g.tokens} tokens, {g.ties} ties; EAGLE {e.rounds} rounds, {e.ties} ties "
+          f"(gap {report.tie_gap:.2g})")
 
 
 def test_cli_json_report_states_tolerances_and_worst_errors(tiny):
@@ -122,7 +136,8 @@ def test_validate_passes_eagle3(models, name):
             if out.name != C.TOPK_IDS:
                 assert 0 <= out.max_abs <= out.tol.atol
     assert C.FEATURES in report.graphs[C.TARGET_GRAPH].outputs  # the concatenated feature-layer inputs
-    assert report.greedy.tokens > 0 and report.eagle.prompts == 1 and report.eagle.rounds >= 1
+    assert report.greedy.tokens == 2 * 8 and report.greedy.ties == 0  # 2 modes x 8 tokens, no divergence
+    assert report.eagle.prompts == 1 and report.eagle.rounds >= 1 and report.eagle.ties == 0
     print(f"\n{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in worst_errors(report).items()))
 
 

@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 import torch
 
+from eagle_export.dtypes import dtype_name
 from eagle_export.runtime.kv_cache import KVCache
 from eagle_export.runtime.ort_backend import OrtGraph
 from eagle_export.runtime.views import BufferView, HostScratch, RowBuffers, view_of
 
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]  # every dtype the loop binds
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_row_views_equal_the_torch_views(dtype):
     rb = RowBuffers([torch.zeros(1, 12, 3, 5, dtype=dtype) for _ in range(4)])
     for start, count in ((0, 0), (0, 12), (3, 4), (12, 0), (7, 5)):
@@ -39,9 +42,20 @@ def test_row_buffers_refuse_mixed_or_batched_buffers():
         RowBuffers([torch.zeros(1, 4, 2).transpose(1, 2)])
 
 
-def test_kv_cache_views_and_rows_agree():
-    cache = KVCache(num_layers=2, kv_heads=2, head_dim=4, capacity=10, dtype=torch.float16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])  # the graphs' float dtypes
+def test_kv_cache_views_and_rows_agree(dtype):
+    cache = KVCache(num_layers=2, kv_heads=2, head_dim=4, capacity=10, dtype=dtype, new_rows=6)
     assert [view_of(t) for t in cache.rows(2, 3)] == cache.views(2, 3)
+    assert [view_of(t) for t in cache.new_rows(4)] == cache.new_views(4)
+    v = cache.views(2, 3)[1]
+    assert v.dtype == dtype_name(dtype) and v.nbytes == 3 * 2 * 4 * cache.buffers[1].element_size()
+
+
+@pytest.mark.parametrize("np_dtype", [np.int64, np.bool_])  # ids/positions, masks
+def test_host_scratch_views_for_every_host_dtype(np_dtype):
+    s = HostScratch(12, np_dtype)
+    a = s.take((3, 4))
+    assert a.dtype == np_dtype and s.view((3, 4)) == view_of(a) and s.view((3, 4)).dtype == np.dtype(np_dtype).name
 
 
 def test_host_scratch_view_is_the_taken_array():

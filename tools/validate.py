@@ -671,8 +671,8 @@ def end_to_end(rt, oracle, lm, m: Manifest, prompts: list[list[int]], max_new: i
         plain = rt.generate(prompt_ids=p, max_new_tokens=max_new, use_draft=False, stop_on_eos=False)
         greedy.prompts += 1
         for label, got in (("eagle", res.tokens), ("no-draft", plain.tokens)):
-            greedy.tokens += len(got)
             diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            greedy.tokens += len(got) if diff is None else diff  # tokens after a divergence are not compared
             if diff is None and len(got) != len(want):
                 greedy.failures.append(f"{label}, prompt {p}: {len(got)} tokens, transformers {len(want)}")
             elif diff is not None:
