@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from eagle_export.text_stream import REPLACEMENT
+
 # the runtime's finish reasons -> OpenAI's
 FINISH = {"eos": "stop", "length": "length", "capacity": "length"}
 
@@ -48,7 +50,7 @@ class ChoiceText:
                 return self._take(len(self.text))
         self.text = text
         ready = len(text) - self._hold
-        while ready > self.sent and text[ready - 1] == "\ufffd":
+        while ready > self.sent and text[ready - 1] == REPLACEMENT:  # the rule of eagle_export.text_stream
             ready -= 1
         return self._take(ready)
 
