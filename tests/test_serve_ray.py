@@ -44,7 +44,8 @@ def test_two_ray_serve_replicas_answer_and_are_lossless(art):
     port = _free_port()
     env = {"OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ.update({"RAY_USAGE_STATS_ENABLED": "0"})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env},
+             object_store_memory=100 * 1024 * 1024)  # nothing is stored: keep the shared-memory store small
     try:
         opts = ServeOptions(str(art), model_name=MODEL, max_batch=4, max_queue=16, threads=1, timeout_s=60)
         serve_ray(opts, replicas=2, host="127.0.0.1", port=port, replica_cpus=0.5, block=False)
