@@ -202,6 +202,7 @@ async def _generate(engine: ServeEngine, body, request: Request, endpoint: str, 
                            type_="timeout", code="timeout") from None
         return Response(status_code=499)
     except _Failed as e:
+        job.cancel()  # the other choices of this request
         m.requests.labels(endpoint, "error").inc()
         raise ApiError(500, f"generation failed: {e}", type_="server_error") from None
     m.requests.labels(endpoint, "ok").inc()
@@ -220,8 +221,7 @@ def _start(engine: ServeEngine, body, chat: bool):
     opts = body.eagle
     try:
         if chat:
-            ids = engine.prompt_ids(messages=[mm.model_dump(exclude_none=True, exclude={"name"})
-                                              for mm in body.messages])
+            ids = engine.prompt_ids(messages=[{"role": mm.role, "content": mm.text()} for mm in body.messages])
         else:
             ids = engine.prompt_ids(body.prompt)
         tree = None if opts is not None and opts.no_draft else engine.tree(
@@ -292,12 +292,15 @@ async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage:
     status = "ok"
     try:
         sent = [0] * len(choices)
+        closed = [False] * len(choices)
         async for i, delta in _rounds(job, choices, deadline):
             c = choices[i]
+            if closed[i]:  # a round that landed between a stop string and its cancellation
+                continue
             new = c.tokens[sent[i]:]
             sent[i] = len(c.tokens)
-            done = c.finish_reason is not None
-            if delta or new or done:
+            closed[i] = c.finish_reason is not None
+            if delta or new or closed[i]:
                 yield event({**head, "choices": [_choice(i, c, delta, chat, whole=False, token_ids=new)]})
         tail = {**head, "choices": [], "eagle": _eagle(job, choices)}
         if usage:
@@ -310,6 +313,7 @@ async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage:
                                "timeout", code="timeout"))
     except _Failed as e:
         status = "error"
+        job.cancel()
         yield event(error_body(f"generation failed: {e}", "server_error"))
     except asyncio.CancelledError:
         status = "cancelled"

@@ -72,10 +72,20 @@ class CompletionRequest(_Generation):
     prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
 class ChatMessage(_Strict):
+    """A message's content is text, or a list of text parts (joined); other part types are refused."""
+
     role: Literal["system", "user", "assistant"]
-    content: StrictStr
+    content: StrictStr | list[TextPart]
     name: StrictStr | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(_Generation):

@@ -126,7 +126,12 @@ def test_n_choices_take_consecutive_seeds_and_stop_strings_cut_text(server, ref)
     assert (whole.choices[0].text, whole.choices[0].finish_reason) == (cut, "stop")
     streamed = list(client.completions.create(stream=True, **body))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == cut
-    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "stop"
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == ["stop"]
+    # chat content as a list of text parts is the joined text
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "def "}, {"type": "text", "text": "main():"}]}]
+    parts = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0)
+    plain = _ref(ref, messages=[{"role": "user", "content": "def main():"}], max_tokens=8)
+    assert parts.choices[0].model_extra["token_ids"] == plain.tokens
 
 
 def test_models_health_metrics(server):
@@ -227,6 +232,8 @@ BAD = [
     ("/v1/chat/completions", {**CHAT_OK, "messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "robot", "content": "hi"}]}, 400, None),
     ("/v1/chat/completions", {**CHAT_OK, "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": [{"type": "image_url",
+                                                                                    "image_url": "x"}]}]}, 400, None),
     ("/v1/chat/completions", {**CHAT_OK, "model": "other"}, 404, "model"),
     ("/v1/chat/completions", {**CHAT_OK, "messages": [{"role": "user", "content": "x " * 600}]}, 400, "messages"),
 ]

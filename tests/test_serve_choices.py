@@ -48,3 +48,41 @@ def test_finish_reasons():
         c.feed([0])
         c.end(result([0], reason))
         assert c.finish_reason == want
+
+
+class _Stream:
+    """Stands in for a RequestStream: only ``cancel`` is used once the rounds are in the job's queue."""
+
+    cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_sse_sends_one_closing_chunk_when_rounds_land_after_a_stop_string():
+    """A round committed between the stop string and its cancellation must not reopen or re-close the choice."""
+    import asyncio
+    import json
+
+    from eagle_export.errors import GenerationError
+    from eagle_export.serve.app import _sse
+    from eagle_export.serve.engine import Job
+    from eagle_export.serve.metrics import ServerMetrics
+
+    async def run():
+        stream = _Stream()
+        job = Job([stream], 1, asyncio.Queue(), [None], None)
+        for item in ([0, 1, 2], [3, 4, 5, 6], [7], GenerationError("the request was cancelled")):
+            job.queue.put_nowait((0, item))
+        engine = SimpleNamespace(metrics=ServerMetrics(), opts=SimpleNamespace(timeout_s=5))
+        loop = asyncio.get_running_loop()
+        events = [e async for e in _sse(engine, job, [ChoiceText(decode, ["你好 E"])], {}, False, False,
+                                        loop.time() + 5, "/v1/completions")]
+        return stream, events
+
+    stream, events = asyncio.run(run())
+    assert stream.cancelled and events[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    closing = [c for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert len(closing) == 1 and closing[0]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == "naïve "
