@@ -455,6 +455,9 @@ def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_
                                f"{man.max_batch}): re-export with --max-batch {max_batch}")
     if replicas > 1 and not use_ray:
         raise EagleExportError("--replicas needs --ray (one process serves one runtime)")
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this port can use it",
+                   err=True)
     opts = ServeOptions(str(Path(artifact).resolve()), backend, max_batch, max_queue, timeout_s, max_prompt_tokens,
                         max_body_bytes, api_key or None, model_name or Path(artifact).resolve().name, threads)
     if use_ray:
