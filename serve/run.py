@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from eagle_export.errors import EagleExportError
@@ -56,7 +57,8 @@ def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: 
     serve.run(ray_app(opts, replicas, replica_cpus), name="eagle", route_prefix="/")
     if not block:
         return
-    log.warning("eagle-export serve: %d Ray Serve replica(s) on http://%s:%d (Ctrl-C stops)", replicas, host, port)
+    print(f"eagle-export serve: {replicas} Ray Serve replica(s) on http://{host}:{port} (Ctrl-C stops)",
+          file=sys.stderr)
     try:
         while True:
             time.sleep(3600)
