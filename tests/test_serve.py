@@ -429,6 +429,11 @@ def test_cli_serve_runs_and_refuses_bad_options(art, tmp_path):
             assert h.get("/v1/models").status_code == 401
             models = h.get("/v1/models", headers={"authorization": "Bearer k1"}).json()
             assert models["data"][0]["id"] == art.name and models["data"][0]["eagle"]["max_batch"] == 2
+            auth = {"authorization": "Bearer k1"}
+            for path, body, status, _ in BAD:  # the server process survives every bad request
+                assert h.post(path, json={**body, "model": art.name} if "model" in body and body["model"] == MODEL
+                              else body, headers=auth).status_code == status
+            assert proc.poll() is None and h.get("/health").json()["status"] == "ok"
     finally:
         proc.terminate()
         proc.wait(30)
