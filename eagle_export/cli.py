@@ -44,13 +44,15 @@ def main() -> None:
               help="Hugging Face target directory (config.json + safetensors), or a Hub repo id (org/name) "
                    "resolved through the Hugging Face cache (HF_HUB_OFFLINE=1: cache only).")
 @click.option("--draft", "draft_dir", required=True,
-              help="EAGLE head directory, EAGLE-1/2 (layers.0.*) or EAGLE-3 (midlayer.*): config.json + "
-                   "model.safetensors or pytorch_model.bin; or a Hub repo id, as --target.")
+              help="EAGLE head directory (config.json + model.safetensors or pytorch_model.bin) in any published "
+                   "format: SafeAILab EAGLE-1/2 or EAGLE-3, SpecForge, speculators, ModelOpt, detected from the "
+                   "files (docs/formats.md); or a Hub repo id, as --target.")
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Artifact directory to write.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True,
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
-@click.option("--max-seq-len", type=int, default=2048, show_default=True,
-              help="Cache capacity: prompt plus generated tokens.")
+@click.option("--max-seq-len", type=int, default=None,
+              help="Cache capacity: prompt plus generated tokens [default: min(2048, the target's "
+                   "max_position_embeddings)].")
 @click.option("--max-top-k", type=int, default=_DEF_LIMITS.max_top_k, show_default=True,
               help="Top-k width computed inside the draft graph (upper bound for --top-k).")
 @click.option("--max-depth", type=int, default=_DEF_LIMITS.max_depth, show_default=True)
@@ -63,7 +65,8 @@ def main() -> None:
               help="Most sequences one runtime decodes at once (the graphs' batch range [1, N], in the manifest).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
-                   "it concatenates them (default: the reference's 2, L//2, L-3).")
+                   "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
+                   "inputs of layers, else its format's default, the reference's 2, L//2, L-3).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
@@ -293,13 +296,16 @@ _PROMPTS_FILE = click.option(
                    "EAGLE and batched --no-draft side by side (the artifact needs `export --max-batch N`).")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="With --concurrency: requests per pass, M [default: 2 x the largest N, at least the prompts].")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --concurrency: passes per mode and N (alternating); the pass of median throughput is "
+                   "reported.")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")
 @click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
               help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests, url, api_key) -> None:
+              plot_file, concurrency, requests, repeats, url, api_key) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
     docs/bench.md)."""
     from .prompts import read_prompts
@@ -314,8 +320,9 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
     if url is not None:
         from .tools.bench_http import bench_http
 
-        if plot_file is not None:
-            raise EagleExportError("--plot is not available with --url (plot an in-process bench --concurrency)")
+        if plot_file is not None or repeats != 1:
+            raise EagleExportError("--plot and --repeats are not available with --url (run bench --concurrency on "
+                                   "the artifact for those)")
         given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
                  if v is not None}
         report = bench_http(url, concurrency=_parse_ids(concurrency or "1", "--concurrency"), requests=requests,
@@ -336,15 +343,15 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
                               total_tokens if total_tokens is not None else d.total_tokens)
         report = bench_concurrency(artifact, concurrency=ns, requests=requests, prompts=prompts,
                                    max_new_tokens=max_new_tokens, tree=tree, backend=backend, threads=threads,
-                                   log=log)
+                                   repeats=repeats, log=log)
         click.echo(json.dumps(report.to_dict()) if as_json else report.format())
         if plot_file is not None:
             plot_throughput(report, plot_file)
             if not as_json:
                 click.echo(f"throughput plot: {plot_file}")
         return
-    if requests is not None:
-        raise EagleExportError("--requests goes with --concurrency")
+    if requests is not None or repeats != 1:
+        raise EagleExportError("--requests and --repeats go with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                    total_tokens=total_tokens, backend=backend, threads=threads, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())

@@ -167,11 +167,12 @@ def target_verify_spec(*, num_layers: int, kv_heads: int, head_dim: int, vocab_s
 
 
 def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, top_k: int,
-                    dtype: str) -> GraphSpec:
+                    dtype: str, num_layers: int = 1) -> GraphSpec:
     """Draft step graph: the head over [batch, new_tokens] with top-k inside the graph.
 
     new_tokens = feature_rows + hidden_rows: rows from target ``features`` first, then rows from the
     fed-back ``hidden_in``. ``topk_ids`` are target-vocabulary ids (EAGLE-3's d2t applied inside).
+    A head with several decoder layers has one past/present K/V pair per layer (``num_layers``).
     """
     inputs = [
         TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_TOKENS)),
@@ -179,13 +180,13 @@ def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
         TensorSpec(HIDDEN_IN, dtype, (BATCH, HIDDEN_ROWS, hidden_size)),
         TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),
         TensorSpec(ATTENTION_MASK, "bool", (BATCH, NEW_TOKENS, TOTAL_LEN)),
-        *_cache_specs(past_key, past_value, 1, kv_heads, head_dim, dtype, PAST_LEN),
+        *_cache_specs(past_key, past_value, num_layers, kv_heads, head_dim, dtype, PAST_LEN),
     ]
     outputs = [
         TensorSpec(TOPK_LOGPROBS, "float32", (BATCH, NEW_TOKENS, top_k)),
         TensorSpec(TOPK_IDS, "int64", (BATCH, NEW_TOKENS, top_k)),
         TensorSpec(HIDDEN, dtype, (BATCH, NEW_TOKENS, hidden_size)),
-        *_cache_specs(present_key, present_value, 1, kv_heads, head_dim, dtype, NEW_TOKENS),
+        *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
     ]
     return GraphSpec(DRAFT_GRAPH, tuple(inputs), tuple(outputs))
 

@@ -30,7 +30,8 @@ class TargetInfo:
     head_dim: int
     vocab_size: int
     feature_dim: int
-    feature_layers: list[int] | None  # EAGLE-3: decoder layers whose inputs make `features`; None: final norm
+    # EAGLE-3: decoder layers whose inputs make `features` (HF hidden_states[i]; repeats legal); None: final norm
+    feature_layers: list[int] | None
     max_position_embeddings: int
     eos_token_ids: list[int]
     bos_token_id: int | None
@@ -50,6 +51,11 @@ class DraftInfo:
     fc_bias: bool
     own_embedding: bool
     source: str
+    # Added in schema 2 without a bump (older manifests load with these defaults):
+    format: str = "unknown"  # the detected checkpoint format (export/formats.py), e.g. "speculators-eagle3"
+    num_layers: int = 1  # decoder layers in the head: one past/present K/V pair each in the draft graph
+    options: dict = field(default_factory=dict)  # the head's math options (HeadOptions), as exported
+    feature_layers_source: str | None = None  # where target.feature_layers came from (checkpoint, default, flag)
 
 
 @dataclass
@@ -287,10 +293,10 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
                  f"{d.vocab_size} (d2t_identity {d.d2t_identity})")
     else:
         layers = t.feature_layers
-        if (not isinstance(layers, list) or not layers or len(set(layers)) != len(layers)
+        if (not isinstance(layers, list) or not layers
                 or not all(isinstance(i, int) and 0 <= i < t.num_layers for i in layers)):
-            fail(f"variant 'eagle3' needs target.feature_layers as distinct layer indices in [0, {t.num_layers}), "
-                 f"got {layers!r}")
+            fail(f"variant 'eagle3' needs target.feature_layers as layer indices in [0, {t.num_layers}) (repeats "
+                 f"allowed), got {layers!r}")
         if t.feature_dim != len(layers) * t.hidden_size:
             fail(f"target.feature_dim {t.feature_dim} is not len(feature_layers {layers}) x hidden_size "
                  f"{t.hidden_size} = {len(layers) * t.hidden_size}")
@@ -299,6 +305,8 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
         if d.d2t_identity and d.vocab_size != t.vocab_size:
             fail(f"draft.d2t_identity is true but draft.vocab_size {d.vocab_size} != target.vocab_size "
                  f"{t.vocab_size}")
+    if not isinstance(d.num_layers, int) or d.num_layers < 1:
+        fail(f"draft.num_layers must be a positive integer, got {d.num_layers!r}")
     if d.feature_dim != t.feature_dim:
         fail(f"draft.feature_dim {d.feature_dim} != target.feature_dim {t.feature_dim}")
     if m.tree_limits.max_top_k > d.vocab_size:

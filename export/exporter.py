@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import onnx
@@ -31,12 +31,14 @@ log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 NP_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 OPSET = 17
+DEFAULT_MAX_SEQ_LEN = 2048
 
 
 @dataclass
 class ExportOptions:
     dtype: str = "fp32"
-    max_seq_len: int = 2048
+    # Cache capacity; None: min(DEFAULT_MAX_SEQ_LEN, the target's max_position_embeddings).
+    max_seq_len: int | None = None
     limits: TreeLimits = field(default_factory=TreeLimits)
     tree: TreeParams = field(default_factory=TreeParams)
     max_batch: int = 1
@@ -109,7 +111,7 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
     if options.dtype not in DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(DTYPES)}")
     options.tree.validate(options.limits)
-    if options.max_seq_len < 2:
+    if options.max_seq_len is not None and options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
         raise EagleExportError(f"--max-batch must be an integer >= 1, got {options.max_batch!r}")
@@ -127,12 +129,15 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
 
     steps.set_postfix_str("loading target")
     target = load_target(target_dir, dtype=torch.float32, progress=terminal_bars(progress))
-    if options.max_seq_len > target.config.max_position_embeddings:
+    seq = options.max_seq_len
+    if seq is None:
+        seq = min(DEFAULT_MAX_SEQ_LEN, target.config.max_position_embeddings)
+    if seq > target.config.max_position_embeddings:
         raise CheckpointError(
-            f"--max-seq-len {options.max_seq_len} exceeds the target's max_position_embeddings "
+            f"--max-seq-len {seq} exceeds the target's max_position_embeddings "
             f"{target.config.max_position_embeddings}"
         )
-    check_sliding_window(target, options.max_seq_len)
+    check_sliding_window(target, seq)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
     steps.update()
@@ -156,13 +161,15 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
         feature_dim=draft.feature_dim, vocab_size=draft.vocab_size, d2t_identity=draft.d2t_identity,
         max_position_embeddings=dcfg.max_position_embeddings, fc_bias=draft.fc_bias,
         own_embedding=draft.own_embedding, source=str(Path(draft_dir).resolve()),
+        format=draft.format, num_layers=draft.options.num_layers, options=asdict(draft.options),
+        feature_layers_source=draft.feature_layers_source,
     )
     tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                  vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
     dspec = C.draft_step_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name)
+                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name,
+                              num_layers=dinfo.num_layers)
     lim = options.limits
-    seq = options.max_seq_len
     verify_rows = lim.max_total_tokens + 1
     t_new = max(seq, verify_rows)
     d_new = max(seq, lim.max_top_k, lim.max_depth + 2)
@@ -198,7 +205,8 @@ def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str 
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
             feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
             hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
-            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype) for _ in range(2)]
+            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
+                     for _ in range(2 * dinfo.num_layers)]
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
                           tmp / f"{C.DRAFT_GRAPH}.onnx")
             steps.update()

@@ -12,6 +12,20 @@ import torch
 
 from eagle_export.errors import CheckpointError
 
+from .formats import (
+    BY_NAME,
+    EAGLE1,
+    EAGLE3,
+    HASS_NORMS,
+    INPUT_OF_LAYER,
+    HeadDescription,
+    HeadFormat,
+    HeadOptions,
+    detect_format,
+    reference_default_layers,
+    to_input_ids,
+)
+
 log = logging.getLogger(__name__)
 
 # model_type -> the class transformers builds. Every family here has the Llama decoder-layer shape
@@ -191,7 +205,7 @@ def _target_dims(tcfg) -> dict:
 
 
 def _attention_dims(dcfg: dict, hidden: int) -> tuple[int, int, int, int]:
-    """(heads, kv_heads, head_dim, intermediate) from the draft config."""
+    """(heads, kv_heads, head_dim, intermediate) from the draft's layer config."""
     heads = int(dcfg.get("num_attention_heads", 0) or 0)
     if heads <= 0:
         raise CheckpointError("draft: config.json lacks num_attention_heads")
@@ -203,54 +217,58 @@ def _attention_dims(dcfg: dict, hidden: int) -> tuple[int, int, int, int]:
     return heads, kv, hd, int(inter)
 
 
-def eagle1_expected_shapes(dcfg: dict, hidden: int, vocab: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of the published EAGLE-1/2 keys (optional ones included) implied by the draft config."""
-    heads, kv, hd, inter = _attention_dims(dcfg, hidden)
-    p = "layers.0."
-    return {
-        "fc.weight": (hidden, 2 * hidden),
-        "fc.bias": (hidden,),
-        "embed_tokens.weight": (vocab, hidden),
-        p + "self_attn.q_proj.weight": (heads * hd, hidden),
-        p + "self_attn.k_proj.weight": (kv * hd, hidden),
-        p + "self_attn.v_proj.weight": (kv * hd, hidden),
+def _layer_shapes(prefix: str, lcfg: dict, hidden: int, in_dim: int, opts: HeadOptions,
+                  pre_norm: str | None) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's tensors: q/k/v read ``in_dim``; ``pre_norm`` names its pre-attention norm (or None)."""
+    heads, kv, hd, inter = _attention_dims(lcfg, hidden)
+    p = prefix
+    out = {
+        p + "self_attn.q_proj.weight": (heads * hd, in_dim),
+        p + "self_attn.k_proj.weight": (kv * hd, in_dim),
+        p + "self_attn.v_proj.weight": (kv * hd, in_dim),
         p + "self_attn.o_proj.weight": (hidden, heads * hd),
         p + "mlp.gate_proj.weight": (inter, hidden),
         p + "mlp.up_proj.weight": (inter, hidden),
         p + "mlp.down_proj.weight": (hidden, inter),
         p + "post_attention_layernorm.weight": (hidden,),
     }
+    if pre_norm:
+        out[p + pre_norm + ".weight"] = (hidden,)
+    if opts.qkv_bias:
+        out.update({p + "self_attn.q_proj.bias": (heads * hd,), p + "self_attn.k_proj.bias": (kv * hd,),
+                    p + "self_attn.v_proj.bias": (kv * hd,)})
+    return out
 
 
-EAGLE1_OPTIONAL = {"fc.bias", "embed_tokens.weight"}
-
-
-def eagle3_expected_shapes(dcfg: dict, hidden: int, vocab: int, draft_vocab: int,
-                           feature_dim: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of the published EAGLE-3 keys (optional ones included) implied by the draft config."""
-    heads, kv, hd, inter = _attention_dims(dcfg, hidden)
-    p = "midlayer."
-    return {
-        "fc.weight": (hidden, feature_dim),
-        "embed_tokens.weight": (vocab, hidden),
-        p + "self_attn.q_proj.weight": (heads * hd, 2 * hidden),
-        p + "self_attn.k_proj.weight": (kv * hd, 2 * hidden),
-        p + "self_attn.v_proj.weight": (kv * hd, 2 * hidden),
-        p + "self_attn.o_proj.weight": (hidden, heads * hd),
-        p + "mlp.gate_proj.weight": (inter, hidden),
-        p + "mlp.up_proj.weight": (inter, hidden),
-        p + "mlp.down_proj.weight": (hidden, inter),
-        p + "hidden_norm.weight": (hidden,),
-        p + "input_layernorm.weight": (hidden,),
-        p + "post_attention_layernorm.weight": (hidden,),
-        "norm.weight": (hidden,),
-        "lm_head.weight": (draft_vocab, hidden),
-        "d2t": (draft_vocab,),
-        "t2d": (vocab,),
-    }
-
-
-EAGLE3_OPTIONAL = {"embed_tokens.weight", "d2t", "t2d"}
+def expected_shapes(desc: HeadDescription, hidden: int, vocab: int, draft_vocab: int, target_hidden: int,
+                    num_features: int) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """(canonical key -> shape, optional keys) of a head with these options, for either kind."""
+    o, lc = desc.options, desc.layer_config
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (vocab, hidden)}
+    optional = {"embed_tokens.weight"}
+    if o.kind == EAGLE1:
+        shapes["fc.weight"] = (hidden, 2 * hidden)
+        shapes.update(_layer_shapes("layers.0.", lc, hidden, hidden, o, None))
+        for name, on in zip(HASS_NORMS, (o.embed_norm, o.hidden_fc_norm, o.lm_head_norm), strict=True):
+            if on:
+                shapes[name] = (hidden,)
+    else:
+        feature_dim = num_features * target_hidden
+        shapes["fc.weight"] = (hidden, feature_dim)
+        shapes.update(_layer_shapes("midlayer.", lc, hidden, 2 * hidden, o, "input_layernorm"))
+        shapes["midlayer.hidden_norm.weight"] = (hidden,)
+        shapes.update({"norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden), "d2t": (draft_vocab,),
+                       "t2d": (vocab,)})
+        optional |= {"d2t", "t2d"}
+        if o.norm_before_fc:
+            shapes["input_norm.weight"] = (feature_dim,)
+        if o.fc_norm:
+            shapes.update({f"fc_norm.{i}.weight": (target_hidden,) for i in range(num_features)})
+    if o.fc_bias:
+        shapes["fc.bias"] = (hidden,)
+    for i in range(1, o.num_layers):
+        shapes.update(_layer_shapes(f"layers.{i}.", lc, hidden, hidden, o, "input_layernorm"))
+    return shapes, optional
 
 
 INT_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim",
@@ -258,28 +276,29 @@ INT_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "inte
               "target_hidden_size")
 
 
-def _check_config_ints(dcfg: dict) -> None:
+def _check_config_ints(dcfg: dict, where: str = "config.json") -> None:
     for key in INT_FIELDS:
         value = dcfg.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise CheckpointError(f"draft: config.json field {key!r} must be a non-negative integer, got {value!r}")
+            raise CheckpointError(f"draft: {where} field {key!r} must be a non-negative integer, got {value!r}")
 
 
-def _check_keys_and_shapes(ckpt: DraftCheckpoint, expected: dict, optional: set, variant_name: str,
+def _check_keys_and_shapes(ckpt: DraftCheckpoint, desc: HeadDescription, expected: dict, optional: set,
                            context: str) -> None:
-    unknown = sorted(set(ckpt.weights) - set(expected))
+    fmt = BY_NAME[desc.format]
+    unknown = sorted(set(desc.weights) - set(expected))
     if unknown:
         raise CheckpointError(
-            f"draft: {ckpt.weights_file} has keys an {variant_name} head does not have: {', '.join(unknown[:8])}"
-            + (f" (+{len(unknown) - 8} more)" if len(unknown) > 8 else "")
+            f"draft: {ckpt.weights_file} has keys a {fmt.title} head ({desc.format}) with these options does not "
+            f"have: {', '.join(unknown[:8])}" + (f" (+{len(unknown) - 8} more)" if len(unknown) > 8 else "")
         )
-    missing = sorted(k for k in expected if k not in ckpt.weights and k not in optional)
+    missing = sorted(k for k in expected if k not in desc.weights and k not in optional)
     if missing:
         raise CheckpointError(f"draft: {ckpt.weights_file} lacks required keys: {', '.join(missing)}")
     for key, shape in expected.items():
-        if key in ckpt.weights and tuple(ckpt.weights[key].shape) != shape:
+        if key in desc.weights and tuple(desc.weights[key].shape) != shape:
             raise CheckpointError(
-                f"draft: key {key!r} has shape {tuple(ckpt.weights[key].shape)} but {context} need {shape}"
+                f"draft: key {key!r} has shape {tuple(desc.weights[key].shape)} but {context} need {shape}"
             )
 
 
@@ -290,119 +309,46 @@ def _config_context(dcfg: dict, t: dict, hidden: int) -> str:
             f"intermediate_size={inter})")
 
 
-def check_eagle1_fits(ckpt: DraftCheckpoint, target_config) -> None:
-    """Every key known, every required key present, every shape as the target implies; else one clear error."""
-    t = _target_dims(target_config)
-    dcfg = ckpt.config
-    _check_config_ints(dcfg)
-    if int(dcfg.get("hidden_size", -1)) != t["hidden_size"]:
-        raise CheckpointError(
-            f"draft: hidden_size {dcfg.get('hidden_size')} (draft config.json) does not match the target's "
-            f"hidden_size {t['hidden_size']}"
-        )
-    if "vocab_size" in dcfg and int(dcfg["vocab_size"]) != t["vocab_size"]:
-        raise CheckpointError(
-            f"draft: vocab_size {dcfg['vocab_size']} (draft config.json) does not match the target's "
-            f"vocab_size {t['vocab_size']}"
-        )
-    if int(dcfg.get("num_hidden_layers", 1)) != 1:
-        raise CheckpointError(
-            f"draft: num_hidden_layers={dcfg.get('num_hidden_layers')}; EAGLE-1/2 heads have exactly one layer"
-        )
-    expected = eagle1_expected_shapes(dcfg, t["hidden_size"], t["vocab_size"])
-    _check_keys_and_shapes(ckpt, expected, EAGLE1_OPTIONAL, "EAGLE-1/2",
-                           _config_context(dcfg, t, t["hidden_size"]))
-
-
 def default_feature_layers(num_layers: int) -> list[int]:
-    """The reference's EAGLE-3 choice: inputs of decoder layers 2, L//2 and L-3, in layer order."""
-    return sorted({2, num_layers // 2, num_layers - 3})
+    """The reference's EAGLE-3 choice: inputs of decoder layers 2, L//2 and L-3, in layer order, repeats kept."""
+    return reference_default_layers(num_layers)
 
 
-def resolve_feature_layers(target_config, requested: list[int] | None) -> list[int]:
-    """The target layers whose inputs form the EAGLE-3 features: the reference's default, or the caller's."""
-    n = target_config.num_hidden_layers
-    if requested is None:
-        layers = default_feature_layers(n)
-        if len(layers) != 3 or layers[0] < 0 or layers[-1] >= n:
-            raise CheckpointError(
-                f"target has {n} decoder layers, so the reference's EAGLE-3 feature layers (2, L//2, L-3) = "
-                f"({2}, {n // 2}, {n - 3}) are not three distinct layers in [0, {n}); pass --feature-layers"
-            )
-        return layers
-    layers = list(requested)
+def _check_layer_ids(layers: list, n: int, what: str, hint: str = "") -> list[int]:
     if (not layers or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
-            or len(set(layers)) != len(layers) or not all(0 <= i < n for i in layers)):
+            or not all(0 <= i < n for i in layers)):
         raise CheckpointError(
-            f"--feature-layers {layers} must be distinct decoder-layer indices in [0, {n}) (the target has {n} layers)"
+            f"{what} {layers} must be decoder-layer indices in [0, {n}) (inputs of target layers; the target has "
+            f"{n} layers){hint}"
         )
-    return layers
+    return list(layers)
 
 
-@dataclass
-class Eagle3Fit:
-    """What check_eagle3_fits found out about an EAGLE-3 checkpoint."""
-
-    hidden_size: int
-    feature_dim: int
-    draft_vocab_size: int
-    draft_to_target: torch.Tensor | None  # [Vd] absolute target ids; None = identity
-
-
-def check_eagle3_fits(ckpt: DraftCheckpoint, target_config, feature_layers: list[int]) -> Eagle3Fit:
-    """Config, keys, shapes and the d2t mapping of an EAGLE-3 head against the target; else one clear error."""
-    t = _target_dims(target_config)
-    dcfg = ckpt.config
-    w = ckpt.weights
-    _check_config_ints(dcfg)
-    tv, th = t["vocab_size"], t["hidden_size"]
-    if "vocab_size" in dcfg and int(dcfg["vocab_size"]) != tv:
-        raise CheckpointError(
-            f"draft: vocab_size {dcfg['vocab_size']} (draft config.json) does not match the target's vocab_size {tv}"
-        )
-    if "target_hidden_size" in dcfg and int(dcfg["target_hidden_size"]) != th:
-        raise CheckpointError(
-            f"draft: target_hidden_size {dcfg['target_hidden_size']} (draft config.json) does not match the "
-            f"target's hidden_size {th}"
-        )
-    if not dcfg.get("hidden_size"):
-        raise CheckpointError("draft: config.json lacks hidden_size")
-    hidden = int(dcfg["hidden_size"])
-    if hidden != th:
-        if "target_hidden_size" not in dcfg:
-            raise CheckpointError(
-                f"draft: hidden_size {hidden} (draft config.json) does not match the target's hidden_size {th} "
-                "(an EAGLE-3 head narrower or wider than its target declares target_hidden_size in config.json)"
-            )
-        if "embed_tokens.weight" not in w:
-            raise CheckpointError(
-                f"draft: hidden_size {hidden} (draft config.json) does not match the target's hidden_size {th}, and "
-                f"the head has no embed_tokens.weight of its own (the target's embedding is {th} wide)"
-            )
-    if int(dcfg.get("num_hidden_layers", 1)) != 1:
-        raise CheckpointError(
-            f"draft: num_hidden_layers={dcfg.get('num_hidden_layers')}; EAGLE-3 heads have exactly one layer "
-            "(midlayer)"
-        )
-    vd = int(dcfg.get("draft_vocab_size") or tv)
-    if not 1 <= vd <= tv:
-        raise CheckpointError(
-            f"draft: draft_vocab_size {vd} (draft config.json) must be between 1 and the target's vocab_size {tv}"
-        )
-    feature_dim = len(feature_layers) * th
-    fc = w.get("fc.weight")
-    if fc is not None and fc.dim() == 2 and fc.shape[1] != feature_dim:
-        hint = ""
-        if fc.shape[1] % th == 0 and fc.shape[1] // th != len(feature_layers):
-            hint = f" (the head reads {fc.shape[1] // th} layers' features: pass that many with --feature-layers)"
-        raise CheckpointError(
-            f"draft: fc.weight takes {fc.shape[1]} input features but the target's EAGLE-3 features are "
-            f"{len(feature_layers)} layers {feature_layers} x hidden_size {th} = {feature_dim}{hint}"
-        )
-    expected = eagle3_expected_shapes(dcfg, hidden, tv, vd, feature_dim)
-    _check_keys_and_shapes(ckpt, expected, EAGLE3_OPTIONAL, "EAGLE-3",
-                           _config_context(dcfg, t, hidden) + f" with draft_vocab_size={vd}")
-    return Eagle3Fit(hidden, feature_dim, vd, _draft_to_target(w.get("d2t"), w.get("t2d"), vd, tv))
+def resolve_feature_layers(target_config, requested: list[int] | None, desc: HeadDescription | None = None
+                           ) -> tuple[list[int], str]:
+    """(inputs of target layers the EAGLE-3 features are, where that came from): ``--feature-layers``, else the
+    checkpoint's ids converted from its convention, else the format's default. Repeats are legal."""
+    n = target_config.num_hidden_layers
+    fmt = BY_NAME[desc.format] if desc is not None else None
+    if requested is not None:
+        layers = _check_layer_ids(list(requested), n, "--feature-layers")
+        if desc is not None and desc.feature_ids is not None:
+            own = to_input_ids(desc.feature_ids, desc.feature_convention)
+            if own != layers:
+                log.warning("--feature-layers %s overrides the checkpoint's %s (= inputs of layers %s)",
+                            layers, desc.feature_source, own)
+        return layers, "--feature-layers"
+    if desc is not None and desc.feature_ids is not None:
+        layers = to_input_ids(desc.feature_ids, desc.feature_convention)
+        src = f"checkpoint {desc.feature_source} ({desc.feature_convention} of layer i)"
+        return _check_layer_ids(layers, n, f"draft: {src} names target layers (as inputs)"), src
+    ids = fmt.default_ids(n) if fmt is not None else default_feature_layers(n)
+    conv = fmt.ids_convention if fmt is not None else INPUT_OF_LAYER
+    layers = to_input_ids(ids, conv)
+    src = f"default of {fmt.name if fmt else 'the reference'}: {ids} ({conv} of layer i)"
+    _check_layer_ids(layers, n, f"target has {n} decoder layers, so the default EAGLE-3 feature layers",
+                     "; pass --feature-layers")
+    return layers, src
 
 
 def _draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vd: int, tv: int) -> torch.Tensor | None:
@@ -438,25 +384,31 @@ def _draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vd: int
                 f"draft: t2d (marks {int(mask.sum())} target ids) disagrees with d2t (maps {vd} draft ids)"
             )
     if vd == tv and bool((tid == torch.arange(vd)).all()):
-        return None
+        return None  # an all-zero d2t over the full vocabulary: identity
     return tid
 
 
-def draft_llama_config(ckpt: DraftCheckpoint, target_config):
-    """A transformers LlamaConfig for the head's decoder layer, filled from the draft config."""
+# Layer-config keys the head's LlamaConfig is built from; everything else in the draft config is format
+# business (read by the format's spec) or metadata.
+LAYER_CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
+                     "vocab_size", "hidden_act")
+
+
+def draft_llama_config(layer_config: dict, target_config, num_layers: int, where: str):
+    """A transformers LlamaConfig for the head's decoder layers, filled from the draft's layer config."""
     from transformers import LlamaConfig
 
-    d = dict(ckpt.config)
-    for key in ("architectures", "model_type", "bias", "draft_vocab_size", "target_hidden_size", "auto_map"):
-        d.pop(key, None)
+    d = {k: layer_config[k] for k in LAYER_CONFIG_KEYS if layer_config.get(k) is not None}
     d.setdefault("vocab_size", target_config.vocab_size)
     d.setdefault("rms_norm_eps", getattr(target_config, "rms_norm_eps", 1e-6))
-    d["num_hidden_layers"] = 1
+    d.setdefault("max_position_embeddings", target_config.max_position_embeddings)
+    d["num_hidden_layers"] = num_layers
     d["attention_bias"] = False
     d["mlp_bias"] = False
     cfg = LlamaConfig(**d)
     cfg._attn_implementation = "eager"
-    check_rope_traceable(cfg, f"draft: {ckpt.path}")
+    check_rope_traceable(cfg, f"draft: {where}")
     return cfg
 
 
@@ -474,25 +426,24 @@ class LoadedDraft:
     d2t_identity: bool
     fc_bias: bool
     own_embedding: bool
+    format: str = ""  # the detected checkpoint format (export/formats.py)
+    options: HeadOptions | None = None
+    feature_layers_source: str | None = None
+
+
+def describe_draft(ckpt: DraftCheckpoint) -> tuple[HeadFormat, HeadDescription]:
+    """Detect the checkpoint's format from its files and read it into canonical form."""
+    where = str(ckpt.path / "config.json")
+    _check_config_ints(ckpt.config)
+    fmt = detect_format(ckpt.config, set(ckpt.weights), where)
+    desc = fmt.describe(ckpt.config, ckpt.weights, where)
+    _check_config_ints(desc.layer_config, where + " (layer config)")
+    return fmt, desc
 
 
 def detect_variant(ckpt: DraftCheckpoint) -> str:
-    """From the keys: `midlayer.*` is an EAGLE-3 head, `layers.0.*` an EAGLE-1/2 head."""
-    e3 = any(k.startswith("midlayer.") for k in ckpt.weights)
-    e1 = any(k.startswith("layers.") for k in ckpt.weights)
-    if e3 and e1:
-        raise CheckpointError(
-            f"draft: {ckpt.weights_file} has both midlayer.* (EAGLE-3) and layers.* (EAGLE-1/2) keys: not one head"
-        )
-    if e3:
-        return "eagle3"
-    if e1:
-        return "eagle1"
-    shown = ", ".join(sorted(ckpt.weights)[:6]) or "no tensors"
-    raise CheckpointError(
-        f"draft: {ckpt.weights_file} is not an EAGLE head: expected midlayer.* keys (EAGLE-3) or layers.0.* keys "
-        f"(EAGLE-1/2), found {shown}"
-    )
+    """"eagle1" or "eagle3", from the detected format."""
+    return describe_draft(ckpt)[0].kind
 
 
 def _load_weights(head: torch.nn.Module, weights: dict[str, torch.Tensor], shared: tuple[str, ...]) -> None:
@@ -504,61 +455,106 @@ def _load_weights(head: torch.nn.Module, weights: dict[str, torch.Tensor], share
         raise CheckpointError(f"draft: internal key mapping error: missing {bad}, unexpected {result.unexpected_keys}")
 
 
-def load_eagle1_head(path: str | Path, target: LoadedTarget):
-    """Build an Eagle1Head with the checkpoint's weights and the target's embedding / lm_head."""
-    return _load_eagle1(read_draft_checkpoint(path), target)
-
-
-def _load_eagle1(ckpt: DraftCheckpoint, target: LoadedTarget):
-    from .modules import Eagle1Head
-
-    check_eagle1_fits(ckpt, target.config)
-    cfg = draft_llama_config(ckpt, target.config)
-    dtype = target.model.lm_head.weight.dtype
-    embed = target.model.model.embed_tokens
-    if "embed_tokens.weight" in ckpt.weights:
-        embed = torch.nn.Embedding(*ckpt.weights["embed_tokens.weight"].shape)
-    head = Eagle1Head(cfg, "fc.bias" in ckpt.weights, embed, target.model.lm_head)
-    _load_weights(head, dict(ckpt.weights), ("embed_tokens.", "lm_head.", "rotary_emb."))
-    head.to(dtype).eval()
-    return head, ckpt, cfg
-
-
-def _load_eagle3(ckpt: DraftCheckpoint, target: LoadedTarget, feature_layers: list[int]):
-    from .modules import Eagle3Head
-
-    fit = check_eagle3_fits(ckpt, target.config, feature_layers)
-    cfg = draft_llama_config(ckpt, target.config)
-    dtype = target.model.lm_head.weight.dtype
-    embed = target.model.model.embed_tokens
-    if "embed_tokens.weight" in ckpt.weights:
-        embed = torch.nn.Embedding(*ckpt.weights["embed_tokens.weight"].shape)
-    head = Eagle3Head(cfg, fit.feature_dim, fit.draft_vocab_size, embed, fit.draft_to_target)
-    _load_weights(head, {k: v for k, v in ckpt.weights.items() if k not in ("d2t", "t2d")},
-                  ("embed_tokens.", "rotary_emb."))
-    head.to(dtype).eval()
-    return head, cfg, fit
+def _check_hidden(desc: HeadDescription, t: dict, where: str) -> tuple[int, int, int]:
+    """(H, T, V) of the head against the target; one clear error on a mismatch."""
+    lc = desc.layer_config
+    th, tv = t["hidden_size"], t["vocab_size"]
+    if not lc.get("hidden_size"):
+        raise CheckpointError(f"draft: {where} lacks hidden_size")
+    hidden = int(lc["hidden_size"])
+    if "vocab_size" in lc and lc["vocab_size"] is not None and int(lc["vocab_size"]) != tv:
+        raise CheckpointError(f"draft: vocab_size {lc['vocab_size']} (draft config.json) does not match the "
+                              f"target's vocab_size {tv}")
+    if desc.options.kind == EAGLE1:
+        if hidden != th:
+            raise CheckpointError(f"draft: hidden_size {hidden} (draft config.json) does not match the target's "
+                                  f"hidden_size {th}")
+        return hidden, th, tv
+    if desc.target_hidden_size is not None and int(desc.target_hidden_size) != th:
+        raise CheckpointError(f"draft: target_hidden_size {desc.target_hidden_size} (draft config.json) does not "
+                              f"match the target's hidden_size {th}")
+    if hidden != th:
+        if desc.target_hidden_size is None:
+            raise CheckpointError(
+                f"draft: hidden_size {hidden} (draft config.json) does not match the target's hidden_size {th} "
+                "(an EAGLE-3 head narrower or wider than its target declares target_hidden_size in config.json)")
+        if "embed_tokens.weight" not in desc.weights:
+            raise CheckpointError(
+                f"draft: hidden_size {hidden} (draft config.json) does not match the target's hidden_size {th}, and "
+                f"the head has no embed_tokens.weight of its own (the target's embedding is {th} wide)")
+    return hidden, th, tv
 
 
 def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list[int] | None = None) -> LoadedDraft:
-    """Read a draft checkpoint, tell EAGLE-1/2 from EAGLE-3 by its keys, check it fits the target, build the head.
+    """Read a draft checkpoint, detect its format from the files, check it fits the target, build the head.
 
-    feature_layers: EAGLE-3 only; the target layers whose inputs the head reads (default: the reference's
-    2, L//2, L-3).
+    feature_layers: EAGLE-3 only; inputs of the target layers the head reads (default: the checkpoint's ids,
+    converted from its convention, else its format's default).
     """
+    from .modules import Eagle1Head, Eagle3Head
+
     ckpt = read_draft_checkpoint(path)
-    variant = detect_variant(ckpt)
-    own = "embed_tokens.weight" in ckpt.weights
-    if variant == "eagle1":
+    fmt, desc = describe_draft(ckpt)
+    opts = desc.options
+    where = str(ckpt.path / "config.json")
+    t = _target_dims(target.config)
+    hidden, th, tv = _check_hidden(desc, t, where)
+    w = desc.weights
+    if opts.kind == EAGLE1:
         if feature_layers is not None:
             raise CheckpointError(
-                f"--feature-layers applies to EAGLE-3 heads; {ckpt.path} is an EAGLE-1/2 head (layers.0.* keys), "
+                f"--feature-layers applies to EAGLE-3 heads; {ckpt.path} is an EAGLE-1/2 head ({fmt.name}), "
                 "which reads the target's last hidden state"
             )
-        head, ckpt, cfg = _load_eagle1(ckpt, target)
-        return LoadedDraft(head, ckpt, cfg, "eagle1", None, target.config.hidden_size, target.config.vocab_size,
-                           True, "fc.bias" in ckpt.weights, own)
-    layers = resolve_feature_layers(target.config, feature_layers)
-    head, cfg, fit = _load_eagle3(ckpt, target, layers)
-    return LoadedDraft(head, ckpt, cfg, "eagle3", layers, fit.feature_dim, fit.draft_vocab_size,
-                       fit.draft_to_target is None, False, own)
+        layers, source, vd, nfeat = None, None, tv, 1
+    else:
+        layers, source = resolve_feature_layers(target.config, feature_layers, desc)
+        nfeat = len(layers)
+        if "lm_head.weight" not in w:
+            raise CheckpointError(f"draft: {ckpt.weights_file} has no lm_head.weight (an EAGLE-3 head without its "
+                                  "own lm_head, e.g. draft_vocab_size null, is not supported)")
+        if desc.layer_config.get("tie_word_embeddings") or ckpt.config.get("tie_word_embeddings"):
+            log.warning("draft: %s sets tie_word_embeddings, which is not followed: the head's own lm_head.weight "
+                        "is used, as the reference does (SGLang would tie it to the embedding)", where)
+        vd = int(desc.draft_vocab_size or w["lm_head.weight"].shape[0])
+        if not 1 <= vd <= tv:
+            raise CheckpointError(f"draft: draft_vocab_size {vd} (draft config.json) must be between 1 and the "
+                                  f"target's vocab_size {tv}")
+        fc = w.get("fc.weight")
+        if fc is not None and fc.dim() == 2 and fc.shape[1] != nfeat * th:
+            hint = ""
+            if fc.shape[1] % th == 0 and fc.shape[1] // th != nfeat:
+                hint = f" (the head reads {fc.shape[1] // th} layers' features: pass that many with --feature-layers)"
+            raise CheckpointError(
+                f"draft: fc.weight takes {fc.shape[1]} input features but the target's EAGLE-3 features are "
+                f"{nfeat} layers {layers} ({source}) x hidden_size {th} = {nfeat * th}{hint}")
+    expected, optional = expected_shapes(desc, hidden, tv, vd, th, nfeat)
+    _check_keys_and_shapes(ckpt, desc, expected, optional,
+                           _config_context(desc.layer_config, t, hidden)
+                           + (f" with draft_vocab_size={vd}" if opts.kind == EAGLE3 else ""))
+    cfg = draft_llama_config(desc.layer_config, target.config, opts.num_layers, where)
+    dtype = target.model.lm_head.weight.dtype
+    embed = target.model.model.embed_tokens
+    own = "embed_tokens.weight" in w
+    if own:
+        embed = torch.nn.Embedding(*w["embed_tokens.weight"].shape)
+    if opts.kind == EAGLE1:
+        head = Eagle1Head(cfg, opts, embed, target.model.lm_head)
+        _load_weights(head, dict(w), ("embed_tokens.", "lm_head.", "rotary_emb."))
+        d2t = None
+    else:
+        d2t = _draft_to_target(w.get("d2t"), w.get("t2d"), vd, tv)
+        head = Eagle3Head(cfg, opts, nfeat * th, vd, embed, d2t, target_hidden=th)
+        _load_weights(head, {k: v for k, v in w.items() if k not in ("d2t", "t2d")}, ("embed_tokens.", "rotary_emb."))
+    head.to(dtype).eval()
+    return LoadedDraft(head, ckpt, cfg, opts.kind, layers, nfeat * th, vd, d2t is None, opts.fc_bias, own,
+                       fmt.name, opts, source)
+
+
+def load_eagle1_head(path: str | Path, target: LoadedTarget):
+    """Build an EAGLE-1/2 head with the checkpoint's weights and the target's embedding / lm_head:
+    (head, checkpoint, LlamaConfig)."""
+    d = load_draft_head(path, target)
+    if d.variant != EAGLE1:
+        raise CheckpointError(f"draft: {path} is an EAGLE-3 head ({d.format}), not EAGLE-1/2")
+    return d.head, d.ckpt, d.config

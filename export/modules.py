@@ -88,7 +88,8 @@ class TargetVerify(nn.Module):
 
     feature_layers=None gives the last hidden state after the final norm (EAGLE-1/2);
     a list of layer indices gives the *inputs* of those decoder layers (hidden_states[i] in
-    transformers' output_hidden_states numbering), concatenated in the list's order (EAGLE-3).
+    transformers' output_hidden_states numbering), concatenated in the list's order (EAGLE-3); an index
+    may repeat (a 6-layer target's reference layers are 2, 3, 3).
     """
 
     def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None):
@@ -102,9 +103,8 @@ class TargetVerify(nn.Module):
         self.feature_layers = list(feature_layers) if feature_layers is not None else None
         if self.feature_layers is not None:
             n = len(self.layers)
-            if len(set(self.feature_layers)) != len(self.feature_layers) or not all(
-                    0 <= i < n for i in self.feature_layers):
-                raise ValueError(f"feature_layers {self.feature_layers} must be distinct layer indices in [0, {n})")
+            if not all(0 <= i < n for i in self.feature_layers):
+                raise ValueError(f"feature_layers {self.feature_layers} must be layer indices in [0, {n})")
 
     def forward(self, input_ids, position_ids, attention_mask, logit_indices, *past):
         # Sizes, rotary tables and mask bias once per graph, shared by every layer.
@@ -134,46 +134,84 @@ class TargetVerify(nn.Module):
         return (logits, feats, *presents)
 
 
+def _decoder_layer(config, index: int, opts, in_dim: int) -> nn.Module:
+    """A Llama decoder layer whose q/k/v read ``in_dim`` and carry the options' biases."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    layer = LlamaDecoderLayer(config, layer_idx=index)
+    attn = layer.self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attn, name)
+        setattr(attn, name, nn.Linear(in_dim, old.out_features, bias=opts.qkv_bias))
+    return layer
+
+
+def _later_layers(head: nn.Module, h, rope, bias, past, shape) -> tuple[torch.Tensor, list]:
+    """Layers 1..N-1 of a multi-layer head: plain pre-norm decoder layers, each with its own K/V cache."""
+    presents = []
+    for i in range(1, head.num_layers):
+        layer = head.layers[str(i)] if isinstance(head.layers, nn.ModuleDict) else head.layers[i]
+        a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, bias, past[2 * i],
+                                 past[2 * i + 1], *shape, past[0].shape[1])
+        h = h + a
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        presents += [k, v]
+    return h, presents
+
+
 class Eagle1Head(nn.Module):
-    """EAGLE-1/2 head: fc(concat[embed(x), f]) then one decoder layer without input norm.
+    """EAGLE-1/2 head: fc(concat[embed(x), f]) then decoder layers (layer 0 without input norm).
 
     The embedding and lm_head are the target's unless the checkpoint brings its own embedding.
+    Options (``HeadOptions``): fc bias, q/k/v biases (Qwen2 heads), HASS norms (on the embedding and the
+    feature before fc, and before lm_head), more than one layer (layers >= 1 are pre-norm Llama layers).
     Draft vocabulary = target vocabulary, so ``map_ids`` is the identity.
     """
 
     variant = "eagle1"
 
-    def __init__(self, config, fc_bias: bool, embed_tokens: nn.Embedding, lm_head: nn.Module):
+    def __init__(self, config, opts, embed_tokens: nn.Embedding, lm_head: nn.Module):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-        hidden = config.hidden_size
-        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-        layer.input_layernorm = nn.Identity()
-        self.layers = nn.ModuleList([layer])
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.num_layers = opts.num_layers
+        self.fc = nn.Linear(2 * hidden, hidden, bias=opts.fc_bias)
+        layers = [_decoder_layer(config, i, opts, hidden) for i in range(opts.num_layers)]
+        layers[0].input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList(layers)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
+        self.embed_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.embed_norm else None
+        self.hidden_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.hidden_fc_norm else None
+        self.lm_head_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.lm_head_norm else None
 
-    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
+    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
         """Rows: features (target) then hidden_in (fed back); both go through fc with their token's embedding.
 
-        Returns (hidden [B, T, H], new K, new V).
+        past: [k0, v0, k1, v1, ...] per layer. Returns (hidden [B, T, H], new K0, new V0, new K1, ...).
         """
         f = torch.cat((features, hidden_in), dim=1)
         emb = self.embed_tokens(input_ids).to(f.dtype)
+        if self.embed_layernorm is not None:
+            emb = self.embed_layernorm(emb)
+        if self.hidden_layernorm is not None:
+            f = self.hidden_layernorm(f)
         x = self.fc(torch.cat((emb, f), dim=-1))
         layer = self.layers[0]
         attn = layer.self_attn
         rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past_k, past_v, *input_ids.shape, past_k.shape[1])
+        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *input_ids.shape, past[0].shape[1])
         h = x + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return h, k, v
+        h, presents = _later_layers(self, h, rope, bias, past, input_ids.shape)
+        return (h, k, v, *presents)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head_layernorm is not None:
+            hidden = self.lm_head_layernorm(hidden)
         return self.lm_head(hidden).float()
 
     def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
@@ -181,37 +219,41 @@ class Eagle1Head(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """EAGLE-3 head in the published layout (``midlayer.*``, ``hidden_norm``, own ``norm`` and ``lm_head``).
+    """EAGLE-3 head in canonical names (``midlayer.*``, ``hidden_norm``, own ``norm`` and ``lm_head``).
 
-    Context rows: h = fc(target features) (F = len(feature_layers) x target hidden -> H, no bias);
-    fed-back rows: h = the head's own previous output g (H wide, no fc). Then
-        x = concat[input_layernorm(embed(token)), hidden_norm(h)]      (2H: q/k/v read 2H)
-        g = h + o_proj(attention(x))                                   (residual is h)
+    Context rows: z = fc(pre(target features)) (pre: identity, ``input_norm`` over the whole vector when
+    norm_before_fc, or one ``fc_norm.{i}`` per target-hidden-wide chunk when fc_norm); fed-back rows: z = the
+    head's own previous output (H wide, no fc). Then
+        x = concat[input_layernorm(embed(token)), hidden_norm(z)]      (2H: q/k/v read 2H)
+        g = r + o_proj(attention(x))         r = z, or hidden_norm(z) when norm_before_residual
         g = g + mlp(post_attention_layernorm(g))
+        g = later layers (plain pre-norm decoder layers, ``layers.{i}``) when the head has more than one
         logits = lm_head(norm(g))                                      (draft vocabulary Vd)
-    and draft ids map to target ids with target_id = draft_id + d2t[draft_id] (identity when
-    ``draft_to_target`` is None).
+    and the step feeds back g, or norm(g) when norm_output (EAGLE-3.1). Draft ids map to target ids with
+    target_id = draft_id + d2t[draft_id] (identity when ``draft_to_target`` is None).
     """
 
     variant = "eagle3"
 
-    def __init__(self, config, feature_dim: int, draft_vocab_size: int, embed_tokens: nn.Embedding,
-                 draft_to_target: torch.Tensor | None = None):
+    def __init__(self, config, opts, feature_dim: int, draft_vocab_size: int, embed_tokens: nn.Embedding,
+                 draft_to_target: torch.Tensor | None = None, target_hidden: int | None = None):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
         hidden = config.hidden_size
         eps = config.rms_norm_eps
-        self.fc = nn.Linear(feature_dim, hidden, bias=False)
-        layer = LlamaDecoderLayer(config, layer_idx=0)
-        attn = layer.self_attn
-        bias = bool(getattr(config, "attention_bias", False))
-        # q/k/v read the 2H concat [input_layernorm(embedding), hidden_norm(h)].
-        attn.q_proj = nn.Linear(2 * hidden, attn.q_proj.out_features, bias=bias)
-        attn.k_proj = nn.Linear(2 * hidden, attn.k_proj.out_features, bias=bias)
-        attn.v_proj = nn.Linear(2 * hidden, attn.v_proj.out_features, bias=bias)
+        self.opts = opts
+        self.num_layers = opts.num_layers
+        self.fc = nn.Linear(feature_dim, hidden, bias=opts.fc_bias)
+        self.input_norm = LlamaRMSNorm(feature_dim, eps=eps) if opts.norm_before_fc else None
+        chunk = target_hidden or hidden
+        self.fc_norm = (nn.ModuleList([LlamaRMSNorm(chunk, eps=eps) for _ in range(feature_dim // chunk)])
+                        if opts.fc_norm else None)
+        layer = _decoder_layer(config, 0, opts, 2 * hidden)
         layer.hidden_norm = LlamaRMSNorm(hidden, eps=eps)
         self.midlayer = layer
+        self.layers = nn.ModuleDict({str(i): _decoder_layer(config, i, opts, hidden)
+                                     for i in range(1, opts.num_layers)})
         self.norm = LlamaRMSNorm(hidden, eps=eps)
         self.lm_head = nn.Linear(hidden, draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
@@ -221,22 +263,38 @@ class Eagle3Head(nn.Module):
         else:
             self.draft_to_target = None
 
-    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
-        """Rows: features (fc applied) then hidden_in (no fc). Returns (g [B, T, H], new K, new V)."""
-        h = torch.cat((self.fc(features), hidden_in), dim=1)
+    def fc_in(self, features: torch.Tensor) -> torch.Tensor:
+        """fc over the target features, after the checkpoint's feature norm if it has one."""
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        elif self.fc_norm is not None:
+            chunks = features.chunk(len(self.fc_norm), dim=-1)
+            features = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(features)
+
+    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
+        """Rows: features (fc applied) then hidden_in (no fc). past: [k0, v0, k1, v1, ...] per layer.
+
+        Returns (state fed back [B, T, H], new K0, new V0, new K1, ...)."""
+        h = torch.cat((self.fc_in(features), hidden_in), dim=1)
         layer = self.midlayer
         emb = self.embed_tokens(input_ids).to(h.dtype)
-        x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), dim=-1)
+        hn = layer.hidden_norm(h)
+        x = torch.cat((layer.input_layernorm(emb), hn), dim=-1)
         attn = layer.self_attn
         rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past_k, past_v, *input_ids.shape, past_k.shape[1])
-        g = h + a
+        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *input_ids.shape, past[0].shape[1])
+        g = (hn if self.opts.norm_before_residual else h) + a
         g = g + layer.mlp(layer.post_attention_layernorm(g))
-        return g, k, v
+        g, presents = _later_layers(self, g, rope, bias, past, input_ids.shape)
+        if self.opts.norm_output:
+            g = self.norm(g)
+        return (g, k, v, *presents)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden)).float()
+        """lm_head(norm(g)); with norm_output the fed-back state already is norm(g)."""
+        return self.lm_head(hidden if self.opts.norm_output else self.norm(hidden)).float()
 
     def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target-vocabulary ids (draft_id + d2t[draft_id], precomputed)."""
@@ -253,9 +311,8 @@ class DraftStep(nn.Module):
         self.head = head
         self.top_k = top_k
 
-    def forward(self, input_ids, features, hidden_in, position_ids, attention_mask, past_k, past_v):
-        h, k, v = self.head.forward_hidden(input_ids, features, hidden_in, position_ids, attention_mask,
-                                           past_k, past_v)
+    def forward(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
+        h, *presents = self.head.forward_hidden(input_ids, features, hidden_in, position_ids, attention_mask, *past)
         logp = torch.log_softmax(self.head.logits(h), dim=-1)
         vals, ids = torch.topk(logp, self.top_k, dim=-1)
-        return vals, self.head.map_ids(ids), h, k, v
+        return (vals, self.head.map_ids(ids), h, *presents)

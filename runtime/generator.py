@@ -154,7 +154,8 @@ class Generator:
         d_slot = self.capacity + lim.max_draft_rows + lim.max_depth + 2
         self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, zeros=zeros,
                               slots=B)
-        self.dcache = KVCache(1, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros, slots=B)
+        self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,
+                              slots=B)
         self.tplan, self.dplan = LayoutPlan(t_slot, step), LayoutPlan(d_slot, step)
         self.padding = Padding()
         bufs = {
@@ -192,7 +193,7 @@ class Generator:
         self._growers: dict[TreeParams, list[TreeGrower]] = {}  # free growers per tree setting, reused
         self.eos = frozenset(t.eos_token_ids)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
-        self._draft_names = (C.past_names(1), C.present_names(1))
+        self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
         self.vocab = t.vocab_size
         self.active: list[Slot] = []

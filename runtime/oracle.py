@@ -155,17 +155,27 @@ class EagleOracle:
             feats = torch.cat((feats, fed))
         n = len(tokens)
         emb = self.head.embed_tokens(torch.tensor([tokens])).to(feats.dtype)
-        x = self.head.fc(torch.cat((emb, feats[None]), dim=-1))
+        feats = feats[None]
+        if getattr(self.head, "embed_layernorm", None) is not None:  # HASS: norms on both fc inputs
+            emb, feats = self.head.embed_layernorm(emb), self.head.hidden_layernorm(feats)
+        x = self.head.fc(torch.cat((emb, feats), dim=-1))
         pos = torch.arange(n)[None]
         mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
-        h = self.head.layers[0](x, attention_mask=mask, position_embeddings=self.head.rotary_emb(x, pos))
-        return h[0]
+        pos_emb = self.head.rotary_emb(x, pos)
+        for layer in self.head.layers:  # layer 0's input norm is the identity; later ones are plain layers
+            x = layer(x, attention_mask=mask, position_embeddings=pos_emb)
+        return x[0]
 
     def _eagle3_hidden(self, feats: torch.Tensor, tokens: list[int], fed: torch.Tensor | None) -> torch.Tensor:
         """EAGLE-3, as the primer states it: h = fc(features) for context rows, the fed-back g as is;
         q/k/v over concat[input_layernorm(embed), hidden_norm(h)], residual h, then the MLP block.
         Attention is transformers' own (eager ``LlamaAttention``) with an ordinary causal mask."""
-        layer = self.head.midlayer
+        layer, opts = self.head.midlayer, self.head.opts
+        if opts.norm_before_fc:
+            feats = self.head.input_norm(feats)
+        elif opts.fc_norm:
+            parts = feats.chunk(len(self.head.fc_norm), dim=-1)
+            feats = torch.cat([norm(p) for norm, p in zip(self.head.fc_norm, parts, strict=True)], dim=-1)
         h = self.head.fc(feats)
         if fed is not None:
             h = torch.cat((h, fed))
@@ -175,14 +185,20 @@ class EagleOracle:
         mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
         pos_emb = self.head.rotary_emb(h[None], torch.arange(n)[None])
         a = layer.self_attn(hidden_states=x, position_embeddings=pos_emb, attention_mask=mask)[0][0]
-        g = h + a
-        return g + layer.mlp(layer.post_attention_layernorm(g))
+        g = (layer.hidden_norm(h) if opts.norm_before_residual else h) + a
+        g = g + layer.mlp(layer.post_attention_layernorm(g))
+        for i in range(1, opts.num_layers):  # later layers: plain pre-norm decoder layers
+            g = self.head.layers[str(i)](g[None], attention_mask=mask, position_embeddings=pos_emb)[0]
+        return self.head.norm(g) if opts.norm_output else g  # EAGLE-3.1 feeds norm(g) back
 
     @torch.no_grad()
     def head_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Log-probs over the draft vocabulary (EAGLE-3: lm_head(norm(g)); EAGLE-1/2: the target's lm_head)."""
         if self.variant == "eagle3":
-            return torch.log_softmax(self.head.lm_head(self.head.norm(hidden)).float(), dim=-1)
+            normed = hidden if self.head.opts.norm_output else self.head.norm(hidden)  # norm_output: already normed
+            return torch.log_softmax(self.head.lm_head(normed).float(), dim=-1)
+        if getattr(self.head, "lm_head_layernorm", None) is not None:  # HASS
+            hidden = self.head.lm_head_layernorm(hidden)
         return torch.log_softmax(self.head.lm_head(hidden).float(), dim=-1)
 
     def target_id(self, draft_id: int) -> int:

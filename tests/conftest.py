@@ -38,10 +38,12 @@ class ModelFactory:
                  weights_format: str = "safetensors", limits: TreeLimits | None = None,
                  eagle3: bool = False, draft_vocab: int | None = None, draft_hidden: int | None = None,
                  feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
-                 max_batch: int = 1, **target_overrides) -> tuple[Path, Path, Path]:
-        """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's)."""
+                 head: tuple = (), max_batch: int = 1, **target_overrides) -> tuple[Path, Path, Path]:
+        """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's).
+        head: extra (name, value) keywords for the head writer (format layouts and variants, tools/tiny_models).
+        max_batch: the artifact's batch range (export --max-batch)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
-               limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, max_batch,
+               limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, head, max_batch,
                tuple(sorted(target_overrides.items())))
         if key not in self._cache:
             name = f"m{len(self._cache)}_{preset}"
@@ -53,10 +55,11 @@ class ModelFactory:
             if eagle3:
                 draft = make_tiny_eagle3_draft(base / "draft", target, seed=seed + 1, draft_vocab_size=draft_vocab,
                                                own_embedding=own_embedding, weights_format=weights_format,
-                                               hidden_size=draft_hidden, num_feature_layers=num_feature_layers)
+                                               hidden_size=draft_hidden, num_feature_layers=num_feature_layers,
+                                               **dict(head))
             else:
                 draft = make_tiny_draft(base / "draft", target, seed=seed + 1, fc_bias=fc_bias,
-                                        own_embedding=own_embedding, weights_format=weights_format)
+                                        own_embedding=own_embedding, weights_format=weights_format, **dict(head))
             opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits(),
                                  feature_layers=None if feature_layers is None else list(feature_layers),
                                  max_batch=max_batch)

@@ -186,7 +186,7 @@ def test_oracle_catches_a_runtime_that_never_accepts(pairs, monkeypatch):
     assert cmp is not None and "'accepted': 0" in cmp.detail
 
 
-def test_oracle_catches_draft_seeing_other_branches(pairs, monkeypatch):
+def test_oracle_catches_draft_seeing_other_branches(pairs, models, monkeypatch):
     """A draft mask that lets tree nodes see every earlier frontier row (not just their ancestors)."""
     original = TreeGrower._make_frontier  # the per-level Frontier views, made once per grower
 
@@ -196,4 +196,10 @@ def test_oracle_catches_draft_seeing_other_branches(pairs, monkeypatch):
                         level=f.level)
 
     monkeypatch.setattr(TreeGrower, "_make_frontier", leaky)
-    assert _first_mismatch(pairs, "mha", TreeParams(3, 3, 12)) is not None
+    # A fresh runtime: the shared one keeps its tree growers across generations, and one made for this tree by an
+    # earlier test (hypothesis may draw it) holds frontiers from before the patch.
+    preset, kw = MODELS["mha"]
+    _, _, art = models(preset, **kw)
+    _, oracle, capacity = pairs["mha"]
+    fresh = {"mha": (EagleRuntime.open(art, threads=1), oracle, capacity)}
+    assert _first_mismatch(fresh, "mha", TreeParams(3, 3, 12)) is not None

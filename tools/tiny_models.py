@@ -345,8 +345,11 @@ def _rope_parameters(tcfg: dict[str, Any]) -> dict[str, Any]:
     return rp
 
 
-def draft_weight_shapes(config: dict[str, Any], *, fc_bias: bool, own_embedding: bool) -> dict[str, tuple]:
-    """Expected EAGLE-1/2 head tensor names -> shapes for a draft config.json dict."""
+def draft_weight_shapes(config: dict[str, Any], *, fc_bias: bool, own_embedding: bool, qkv_bias: bool = False,
+                        hass: bool = False, num_layers: int = 1) -> dict[str, tuple]:
+    """Expected EAGLE-1/2 head tensor names -> shapes for a draft config.json dict (checkpoint-formats.md
+    section 1): ``qkv_bias`` adds q/k/v biases (Qwen2 heads), ``hass`` the three HASS norms, layers after the
+    first are plain pre-norm layers with ``input_layernorm``."""
     H = int(config["hidden_size"])
     nH = int(config["num_attention_heads"])
     nKV = int(config.get("num_key_value_heads") or nH)
@@ -356,15 +359,25 @@ def draft_weight_shapes(config: dict[str, Any], *, fc_bias: bool, own_embedding:
     shapes: dict[str, tuple] = {"fc.weight": (H, 2 * H)}
     if fc_bias:
         shapes["fc.bias"] = (H,)
-    p = "layers.0."
-    shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
-    shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
-    shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
-    shapes[p + "self_attn.o_proj.weight"] = (H, nH * hd)
-    shapes[p + "mlp.gate_proj.weight"] = (inter, H)
-    shapes[p + "mlp.up_proj.weight"] = (inter, H)
-    shapes[p + "mlp.down_proj.weight"] = (H, inter)
-    shapes[p + "post_attention_layernorm.weight"] = (H,)
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (nH * hd, H)
+        shapes[p + "self_attn.k_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.v_proj.weight"] = (nKV * hd, H)
+        shapes[p + "self_attn.o_proj.weight"] = (H, nH * hd)
+        if qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (nH * hd,)
+            shapes[p + "self_attn.k_proj.bias"] = (nKV * hd,)
+            shapes[p + "self_attn.v_proj.bias"] = (nKV * hd,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, H)
+        shapes[p + "mlp.up_proj.weight"] = (inter, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, inter)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        if i > 0:
+            shapes[p + "input_layernorm.weight"] = (H,)
+    if hass:
+        for name in ("embed_layernorm.weight", "hidden_layernorm.weight", "lm_head_layernorm.weight"):
+            shapes[name] = (H,)
     if own_embedding:
         shapes["embed_tokens.weight"] = (V, H)
     return shapes
@@ -396,9 +409,18 @@ def make_tiny_draft(
     weights_format: Literal["safetensors", "bin"] = "safetensors",
     init_scale: float = 0.1,
     norm_noise: float = 0.05,
+    qkv_bias: bool = False,
+    bias_key: bool = True,
+    hass: bool = False,
+    num_layers: int = 1,
     **config_overrides: Any,
 ) -> Path:
     """Make a random EAGLE-1/2 head for the target in target_dir, in the published layout.
+
+    Variants (checkpoint-formats.md section 1): ``qkv_bias`` (Qwen2 heads: q/k/v biases and
+    ``"qkv_bias": true``), ``bias_key=False`` (no ``"bias"`` key in config.json, which means True: needs
+    ``fc_bias``), ``hass`` (HASS norms ``embed_layernorm``, ``hidden_layernorm``, ``lm_head_layernorm``),
+    ``num_layers`` > 1 (``layers.N.*``, pre-norm ``input_layernorm`` from layer 1 on).
 
     config.json: Llama-style, num_hidden_layers 1, dims/rope/vocab copied from the target
     (``config_overrides`` replace any key, e.g. intermediate_size=96), plus "bias": fc_bias.
@@ -416,18 +438,24 @@ def make_tiny_draft(
         raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
     tcfg = json.loads((target_dir / "config.json").read_text())
 
+    if not bias_key and not fc_bias:
+        raise ValueError("a config without a 'bias' key means bias=True: bias_key=False needs fc_bias=True")
     cfg: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "num_hidden_layers": 1,
+        "num_hidden_layers": num_layers,
     }
     for k in _DRAFT_FROM_TARGET:
         if tcfg.get(k) is not None:
             cfg[k] = tcfg[k]
     _finish_draft_config(cfg, tcfg, init_scale, config_overrides)
-    cfg["bias"] = bool(fc_bias)
+    if bias_key:
+        cfg["bias"] = bool(fc_bias)
+    if qkv_bias:
+        cfg["qkv_bias"] = True
 
-    shapes = draft_weight_shapes(cfg, fc_bias=fc_bias, own_embedding=bool(own_embedding))
+    shapes = draft_weight_shapes(cfg, fc_bias=fc_bias, own_embedding=bool(own_embedding), qkv_bias=qkv_bias,
+                                 hass=hass, num_layers=num_layers)
     gen = torch.Generator().manual_seed(seed)
     tensors = _random_weights(shapes, gen, init_scale, norm_noise, own_embedding, target_dir)
 
@@ -435,9 +463,12 @@ def make_tiny_draft(
 
 
 def eagle3_weight_shapes(
-    config: dict[str, Any], *, own_embedding: bool, num_feature_layers: int = 3
+    config: dict[str, Any], *, own_embedding: bool, num_feature_layers: int = 3, num_layers: int = 1,
+    norm_before_fc: bool = False, fc_norm: bool = False,
 ) -> dict[str, tuple]:
-    """Expected EAGLE-3 head tensor names -> shapes for a draft config.json dict (d2t/t2d not included)."""
+    """Expected EAGLE-3 head tensor names -> shapes for a draft config.json dict (d2t/t2d not included), in the
+    reference names (``midlayer.*``; layers after the first ``layers.{i}.*`` with ``input_layernorm``);
+    ``EAGLE3_LAYOUTS`` renames them for the other formats."""
     H = int(config["hidden_size"])
     TH = int(config.get("target_hidden_size") or H)
     nH = int(config["num_attention_heads"])
@@ -462,9 +493,51 @@ def eagle3_weight_shapes(
         "norm.weight": (H,),
         "lm_head.weight": (Vd, H),
     }
+    for i in range(1, num_layers):
+        q = f"layers.{i}."
+        shapes.update({
+            q + "self_attn.q_proj.weight": (nH * hd, H), q + "self_attn.k_proj.weight": (nKV * hd, H),
+            q + "self_attn.v_proj.weight": (nKV * hd, H), q + "self_attn.o_proj.weight": (H, nH * hd),
+            q + "mlp.gate_proj.weight": (inter, H), q + "mlp.up_proj.weight": (inter, H),
+            q + "mlp.down_proj.weight": (H, inter), q + "input_layernorm.weight": (H,),
+            q + "post_attention_layernorm.weight": (H,),
+        })
+    if norm_before_fc:
+        shapes["input_norm.weight"] = (num_feature_layers * TH,)
+    if fc_norm:
+        shapes.update({f"fc_norm.{i}.weight": (TH,) for i in range(num_feature_layers)})
     if own_embedding:
         shapes["embed_tokens.weight"] = (V, H)
     return shapes
+
+
+def _rename_speculators(key: str) -> str:
+    # speculators' converter renames midlayer. -> layers.0.; later layers are layers.{i} with input_layernorm.
+    return "layers.0." + key[len("midlayer."):] if key.startswith("midlayer.") else key
+
+
+def _rename_modelopt(key: str) -> str:
+    # ModelOpt (since 2026-03): layers.{i}.*; layers after the first name their pre-norm hidden_norm
+    # (what TensorRT-LLM reads).
+    if key.startswith("midlayer."):
+        return "layers.0." + key[len("midlayer."):]
+    return key.replace(".input_layernorm.", ".hidden_norm.") if key.startswith("layers.") else key
+
+
+def _rename_modelopt_midlayer(key: str, num_layers: int) -> str:
+    # ModelOpt before 2026-03: midlayer.* (one layer) or midlayer.{i}.* (several, from 2025-12).
+    if num_layers == 1:
+        return key
+    if key.startswith("midlayer."):
+        return "midlayer.0." + key[len("midlayer."):]
+    if key.startswith("layers."):
+        _, i, rest = key.split(".", 2)
+        return f"midlayer.{i}." + rest.replace("input_layernorm.", "hidden_norm.")
+    return key
+
+
+#: layout name -> what checkpoint-formats.md says that producer writes.
+EAGLE3_LAYOUTS = ("reference", "specforge", "speculators", "modelopt", "modelopt-midlayer")
 
 
 def make_tiny_eagle3_draft(
@@ -479,9 +552,27 @@ def make_tiny_eagle3_draft(
     num_feature_layers: int = 3,
     init_scale: float = 0.1,
     norm_noise: float = 0.05,
+    layout: str = "reference",
+    num_layers: int = 1,
+    feature_ids: list[int] | None = None,
+    norm_before_residual: bool | None = None,
+    norm_before_fc: bool = False,
+    fc_norm: bool = False,
+    norm_output: bool | None = None,
     **config_overrides: Any,
 ) -> Path:
-    """Make a random EAGLE-3 head for the target in target_dir, in the published layout (SafeAILab cnets).
+    """Make a random EAGLE-3 head for the target in target_dir, in one of the published layouts.
+
+    ``layout`` (checkpoint-formats.md sections 2-5): "reference" (SafeAILab cnets: midlayer.*, no eagle_config),
+    "specforge" (reference keys, ``LlamaForCausalLMEagle3``, ``eagle_config``, top-level ``fc_norm`` /
+    ``norm_output``), "speculators" (``speculators_model_type`` eagle3, ``transformer_layer_config``, top-level
+    ids and norm flags, ``layers.N.*`` keys, ``embed_tokens`` saved unless own_embedding is False),
+    "modelopt" (``eagle_config`` with ModelOpt switches, ``layers.N.*``, ``lm_head`` always, ``d2t`` only when
+    the draft vocabulary is smaller, no ``t2d``/``embed_tokens``) and "modelopt-midlayer" (the same with the
+    pre-2026-03 ``midlayer[.N].*`` names). ``feature_ids``: the ids written into the config, in the layout's
+    own convention (None: none written). ``num_layers`` > 1 (speculators, modelopt): plain layers after the
+    first. The norm flags are written only when not None / True (speculators' norm_before_residual defaults to
+    true when absent, as vLLM reads it).
 
     config.json: Llama-style, num_hidden_layers 1, dims/rope/vocab copied from the target, plus
     ``draft_vocab_size``. Weights: see eagle3_weight_shapes(); matrices N(0, init_scale), norms
@@ -508,10 +599,14 @@ def make_tiny_eagle3_draft(
         raise ValueError(f"draft_vocab_size must be in [1, {V}], got {Vd}")
     TH = int(tcfg["hidden_size"])
 
+    if layout not in EAGLE3_LAYOUTS:
+        raise ValueError(f"layout must be one of {EAGLE3_LAYOUTS}, got {layout!r}")
+    if num_layers > 1 and layout in ("reference", "specforge"):
+        raise ValueError("reference and SpecForge EAGLE-3 heads have exactly one layer")
     cfg: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLMEagle3"],
+        "architectures": ["LlamaForCausalLM" if layout == "reference" else "LlamaForCausalLMEagle3"],
         "model_type": "llama",
-        "num_hidden_layers": 1,
+        "num_hidden_layers": num_layers,
     }
     for k in _DRAFT_FROM_TARGET:
         if tcfg.get(k) is not None:
@@ -526,7 +621,8 @@ def make_tiny_eagle3_draft(
     cfg["draft_vocab_size"] = Vd
     _finish_draft_config(cfg, tcfg, init_scale, config_overrides)
 
-    shapes = eagle3_weight_shapes(cfg, own_embedding=bool(own_embedding), num_feature_layers=num_feature_layers)
+    shapes = eagle3_weight_shapes(cfg, own_embedding=bool(own_embedding), num_feature_layers=num_feature_layers,
+                                  num_layers=num_layers, norm_before_fc=norm_before_fc, fc_norm=fc_norm)
     gen = torch.Generator().manual_seed(seed)
     tensors = _random_weights(shapes, gen, init_scale, norm_noise, own_embedding, target_dir)
     if Vd < V:
@@ -535,8 +631,55 @@ def make_tiny_eagle3_draft(
         t2d = torch.zeros(V, dtype=torch.bool)
         t2d[target_ids] = True
         tensors["t2d"] = t2d
-
+    flags = {"norm_before_fc": norm_before_fc or None, "fc_norm": fc_norm or None, "norm_output": norm_output,
+             "norm_before_residual": norm_before_residual}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    cfg, tensors = _eagle3_layout(layout, cfg, tensors, flags, feature_ids, num_layers, Vd, V)
     return _write_head(out_dir, cfg, tensors, weights_format)
+
+
+def _eagle3_layout(layout: str, cfg: dict, tensors: dict, flags: dict, feature_ids, num_layers: int, Vd: int,
+                   V: int) -> tuple[dict, dict]:
+    """Config and tensor names as each producer writes them (checkpoint-formats.md sections 2-5)."""
+    ids = None if feature_ids is None else [int(i) for i in feature_ids]
+    if layout in ("reference", "specforge"):
+        cfg.update(flags)
+        if layout == "specforge":
+            cfg["eagle_config"] = {} if ids is None else {"eagle_aux_hidden_state_layer_ids": ids}
+        elif ids is not None:
+            raise ValueError("the reference EAGLE-3 layout has no place for feature ids")
+        return cfg, tensors
+    if layout == "speculators":
+        # As transformers 5 writes it (published 2026 configs): rope only in rope_parameters, dtype not torch_dtype.
+        top_only = ("draft_vocab_size", "target_hidden_size", "rope_theta", "rope_scaling", "torch_dtype")
+        layer_cfg = {k: v for k, v in cfg.items() if k not in top_only}
+        layer_cfg.update(architectures=["LlamaForCausalLM"], dtype="float32")
+        out = {
+            "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "speculators_version": "0.3.0",
+            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                                   "verifier": {"name_or_path": "tiny-target", "architectures": ["LlamaForCausalLM"]}},
+            "transformer_layer_config": layer_cfg, "draft_vocab_size": cfg["draft_vocab_size"],
+            "target_hidden_size": cfg.get("target_hidden_size"), "embed_requires_grad": False, **flags,
+        }
+        if ids is not None:
+            out["eagle_aux_hidden_state_layer_ids"] = ids
+        return out, {_rename_speculators(k): v for k, v in tensors.items()}
+    # ModelOpt: eagle_config with its switches; lm_head always, d2t only when Vd < V, no t2d / embed_tokens.
+    eagle_config = {"use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                    "use_mtp_layernorm": False, "use_aux_hidden_state": True, "next_layer_regular": True,
+                    "parallel_draft_step": 1, **flags}
+    if ids is not None:
+        eagle_config["eagle_aux_hidden_state_layer_ids"] = ids
+    cfg["eagle_config"] = eagle_config
+    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    tensors = {k: v for k, v in tensors.items() if k not in ("t2d", "embed_tokens.weight")}
+    if Vd == V:
+        tensors.pop("d2t", None)
+    if layout == "modelopt":
+        return cfg, {_rename_modelopt(k): v for k, v in tensors.items()}
+    return cfg, {_rename_modelopt_midlayer(k, num_layers): v for k, v in tensors.items()}
 
 
 def _random_weights(shapes: dict[str, tuple], gen: torch.Generator, init_scale: float, norm_noise: float,
@@ -600,10 +743,12 @@ def make_pair(
     eos_token_id: int | None = None,
     eagle3: bool = False,
     draft_vocab_size: int | None = None,
+    **head: Any,
 ) -> tuple[Path, Path]:
     """Make root/target and root/draft (draft seeded with seed + 1). Returns (target_dir, draft_dir).
 
     ``eagle3``: an EAGLE-3 head (``fc_bias`` does not apply) with ``draft_vocab_size`` (None: the target's).
+    ``head``: more keywords for the head writer (``layout``, ``num_layers``, ``hass``, ``qkv_bias``, ...).
     """
     root = Path(root)
     target = make_tiny_target(
@@ -616,8 +761,9 @@ def make_pair(
     )
     common = dict(seed=seed + 1, own_embedding=own_embedding, weights_format=weights_format, init_scale=init_scale)
     if eagle3:
-        return target, make_tiny_eagle3_draft(root / "draft", target, draft_vocab_size=draft_vocab_size, **common)
-    return target, make_tiny_draft(root / "draft", target, fc_bias=fc_bias, **common)
+        return target, make_tiny_eagle3_draft(root / "draft", target, draft_vocab_size=draft_vocab_size, **common,
+                                              **head)
+    return target, make_tiny_draft(root / "draft", target, fc_bias=fc_bias, **common, **head)
 
 
 @click.command()
@@ -633,8 +779,11 @@ def make_pair(
 )
 @click.option("--eagle3", is_flag=True, help="Write an EAGLE-3 head (midlayer.*) instead of an EAGLE-1/2 one.")
 @click.option("--draft-vocab-size", type=int, default=None, help="EAGLE-3: draft vocabulary (default: the target's).")
+@click.option("--layout", type=click.Choice(["reference", "specforge", "speculators", "modelopt", "modelopt-midlayer"]),
+              default="reference", show_default=True, help="EAGLE-3: which producer's format to write.")
+@click.option("--num-layers", type=int, default=1, show_default=True, help="Decoder layers in the head.")
 def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, weights_format: str, eagle3: bool,
-         draft_vocab_size: int | None) -> None:
+         draft_vocab_size: int | None, layout: str, num_layers: int) -> None:
     """Write OUT/target (tiny HF model of the preset's family + tokenizer) and OUT/draft (EAGLE head)."""
     target, draft = make_pair(
         out,
@@ -645,6 +794,8 @@ def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, w
         weights_format=weights_format,  # type: ignore[arg-type]
         eagle3=eagle3,
         draft_vocab_size=draft_vocab_size,
+        num_layers=num_layers,
+        **({"layout": layout} if eagle3 else {}),
     )
     tcfg = json.loads((target / "config.json").read_text())
     dcfg = json.loads((draft / "config.json").read_text())
@@ -654,7 +805,8 @@ def main(out: Path, preset: str, seed: int, fc_bias: bool, own_embedding: str, w
         f"{tcfg['num_key_value_heads']} head_dim={tcfg.get('head_dim')} vocab={tcfg['vocab_size']} "
         f"rope={tcfg['rope_parameters']}"
     )
-    kind = f"eagle3 draft_vocab_size={dcfg['draft_vocab_size']}" if eagle3 else f"eagle1 bias={dcfg['bias']}"
+    kind = (f"eagle3 layout={layout} draft_vocab_size={dcfg['draft_vocab_size']}" if eagle3
+            else f"eagle1 bias={dcfg.get('bias')}")
     click.echo(
         f"draft:  {draft}  {kind} own_embedding={own_embedding} "
         f"files={sorted(p.name for p in draft.iterdir())}"

@@ -165,7 +165,7 @@ def draft_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, Ordere
             rng.standard_normal((1, n - hidden_rows, d.feature_dim)).astype(m.dtype),
             rng.standard_normal((1, hidden_rows, d.hidden_size)).astype(m.dtype),
             np.ascontiguousarray(pos, dtype=np.int64), mask,
-            *_past(rng, past, 1, d.kv_heads, d.head_dim, m.dtype)], strict=True))
+            *_past(rng, past, d.num_layers, d.kv_heads, d.head_dim, m.dtype)], strict=True))
         cases.append((name, feed))
 
     def level_mask(k: int, L: int, level: int) -> np.ndarray:
