@@ -10,11 +10,14 @@ import pytest
 
 from eagle_export.errors import GenerationError
 from eagle_export.runtime import EagleRuntime
+from eagle_export.tools.tiny_models import TINY_CHAT_TEMPLATE
 
 
 @pytest.fixture(scope="module")
 def art(models):
-    return models("mha", max_batch=2, max_seq_len=512)[2]
+    """test_serve's model (one export per session)."""
+    return models("mha", vocab=256, with_tokenizer=True, chat_template=TINY_CHAT_TEMPLATE, max_batch=4,
+                  max_seq_len=512)[2]
 
 
 def test_cancel_frees_the_slot_and_drops_waiting_requests(art):
