@@ -193,6 +193,9 @@ async def _generate(engine: ServeEngine, body, request: Request, endpoint: str, 
     try:
         async for _ in _rounds(job, choices, deadline, request):
             pass
+    except asyncio.CancelledError:  # the server is shutting down
+        job.cancel()
+        raise
     except (RequestTimeout, _ClientGone) as e:
         job.cancel()
         timeout = isinstance(e, RequestTimeout)
