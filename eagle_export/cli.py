@@ -454,6 +454,11 @@ def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_
               model_name, backend, threads, use_ray, replicas, replica_cpus) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md)."""
     from .manifest import load_manifest
+    from .serve.extras import RAY, SERVE, require
+
+    if use_ray:
+        require("ray", *RAY)
+    require("serve", *SERVE)
     from .serve.engine import ServeOptions
 
     man = load_manifest(artifact)  # a bad artifact is one line before anything starts

@@ -9,25 +9,14 @@ import time
 from eagle_export.errors import EagleExportError
 
 from .engine import ServeEngine, ServeOptions
+from .extras import RAY, SERVE, require
 
 log = logging.getLogger(__name__)
 
 
-def require(extra: str, *modules: str) -> None:
-    """A clear one-line error when an optional extra is not installed."""
-    import importlib
-
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise EagleExportError(f"`eagle-export serve` needs {name} (not installed: {e}): "
-                                   f"pip install 'eagle-export[{extra}]'") from e
-
-
 def serve_uvicorn(opts: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
     """Open the runtime, then serve until interrupted."""
-    require("serve", "fastapi", "uvicorn", "prometheus_client")
+    require("serve", *SERVE)
     import uvicorn
 
     from .app import build_app
@@ -43,7 +32,8 @@ def serve_uvicorn(opts: ServeOptions, host: str = "127.0.0.1", port: int = 8000,
 def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: int = 8000,
               replica_cpus: float = 1.0, num_cpus: int | None = None, block: bool = True) -> None:
     """Deploy on the Ray cluster named by RAY_ADDRESS, or on a local Ray instance started here."""
-    require("ray", "ray.serve", "fastapi", "prometheus_client")
+    require("ray", *RAY)
+    require("serve", *SERVE)
     import ray
     from ray import serve
 

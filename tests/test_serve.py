@@ -439,6 +439,15 @@ def test_cli_serve_runs_and_refuses_bad_options(art, tmp_path):
         proc.wait(30)
 
 
+@pytest.mark.parametrize("missing, extra, args", [("fastapi", "serve", []), ("ray", "ray", ["--ray"])])
+def test_cli_serve_without_its_extra_is_one_line(art, missing, extra, args):
+    code = (f"import sys; sys.modules[{missing!r}] = None; from eagle_export.cli import main; "
+            f"main(['serve', {str(art)!r}, *{args!r}])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error:") and f"pip install 'eagle-export[{extra}]'" in r.stderr
+
+
 def test_cli_help_names_the_options():
     from click.testing import CliRunner
 
