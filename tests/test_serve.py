@@ -190,14 +190,19 @@ def test_16_concurrent_streams_lossless_while_health_answers(server, ref):
     threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
+    depth: list[float] = []
     with server.client() as h:
         while any(t.is_alive() for t in threads):
             t0 = time.perf_counter()
             assert h.get("/health", timeout=5).status_code == 200
             health.append(time.perf_counter() - t0)
+            depth.append(metric(h.get("/metrics").text, "eagle_queue_depth"))
             time.sleep(0.05)
-    for t in threads:
-        t.join(60)
+        for t in threads:
+            t.join(60)
+        after = h.get("/metrics").text
+    assert 0 < max(depth) <= 12, depth  # 16 streams on 4 slots: some waited, never more than 12
+    assert metric(after, "eagle_queue_depth") == 0 and metric(after, "eagle_requests_in_flight") == 0
     assert all(g is not None and g[0] == 200 for g in got), got
     assert [g[1] for g in got] == [want[PROMPTS[i % 4]] for i in range(16)]
     assert health and max(health) < 1.0, f"/health took {max(health):.2f} s"
