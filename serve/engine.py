@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle_export.errors import EagleExportError, GenerationError
+from eagle_export.errors import GenerationError
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.sampling import SamplingParams
 from eagle_export.tree_params import TreeParams
@@ -131,6 +131,9 @@ class ServeEngine:
             base = seed if seed is not None else secrets.randbelow(2**31)
             seeds = [base + i for i in range(n)]
             samplings = [sampling.with_seed(s) for s in seeds]
+        if n > self.limit:
+            raise GenerationError(f"n={n} is more choices than this server runs at once ({self.limit}: "
+                                  f"{self.rt.max_batch} slots + a queue of {self.opts.max_queue})")
         with self._lock:
             if self._in_flight + n > self.limit:
                 raise QueueFull(f"the server is at capacity ({self.limit} requests in flight: {self.rt.max_batch} "
@@ -205,6 +208,3 @@ class ServeEngine:
 class PromptTooLong(GenerationError):
     """The prompt is over the server's prompt cap (``--max-prompt-tokens``, at most the capacity - 1)."""
 
-
-def is_user_error(e: BaseException) -> bool:
-    return isinstance(e, EagleExportError)

@@ -353,6 +353,8 @@ def test_api_key_queue_full_and_body_cap(art, ref):
             assert h.get("/metrics").status_code == 401
             assert h.get("/health").status_code == 200
             assert h.get("/v1/models", headers=auth).status_code == 200
+            many = h.post("/v1/completions", json={**OK, "n": 5}, headers=auth)  # more than 2 slots + 2 queued
+            assert many.status_code == 400 and "n=5" in many.json()["error"]["message"]
             big = h.post("/v1/completions", json={**OK, "prompt": "x" * 5000}, headers=auth)
             assert big.status_code == 413 and big.json()["error"]["message"]
         with pytest.raises(Exception) as e:  # the official client without the key
