@@ -3,5 +3,7 @@
 from .api import EagleRuntime, GenerationStream
 from .generator import GenerationResult, GenerationStats
 from .sampling import SamplingParams
+from .scheduler import RequestStream
 
-__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "SamplingParams"]
+__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "RequestStream",
+           "SamplingParams"]

@@ -156,7 +156,12 @@ class Generator:
                               slots=B)
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,
                               slots=B)
-        self.tplan, self.dplan = LayoutPlan(t_slot, step), LayoutPlan(d_slot, step)
+        self.t_slot = t_slot
+        # A batched call binds [A, stride] as its past, so the stride stays within the graphs' past_len range (the
+        # engines' profiles are built from it). A continuing sequence never needs more (docs/runtime.md).
+        t_past = manifest.graphs[C.TARGET_GRAPH].axes[C.PAST_LEN][1]
+        d_past = manifest.graphs[C.DRAFT_GRAPH].axes[C.PAST_LEN][1]
+        self.tplan, self.dplan = LayoutPlan(min(t_slot, t_past), step), LayoutPlan(min(d_slot, d_past), step)
         self.padding = Padding()
         bufs = {
             "logits": zeros((1, B * verify_rows, t.vocab_size), torch.float32),
@@ -172,7 +177,8 @@ class Generator:
         self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
         self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
         self._cpu = backend.host_memory and dtype != torch.bfloat16
-        # numpy views of the same memory on the CPU (no torch call per access; see Generator)
+        # In host memory the loop reads and fills these buffers through numpy views made here once (same memory, no
+        # torch call per access). Elsewhere it reads through backend.to_host and gathers rows with torch.
         self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None
         # The last context row of every slot (its top-k and hidden predict the root's children): kept per slot,
         # because a joining request's prefill reuses the draft output rows between rounds.
@@ -413,6 +419,7 @@ class Generator:
             L = extra[id(s)] if extra and id(s) in extra else s.L
             need_t, need_d = max(need_t, L + s.slack_t), max(need_d, L + s.slack_d)
         for plan, cache, need in ((self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d)):
+            need = min(need, plan.rows_per_slot)  # only a finishing sequence's last rows go past it (_room)
             if need <= plan.stride < need + 2 * plan.step:  # LayoutPlan.wanted's no-move case, without a call
                 continue
             new = plan.wanted(need)
@@ -561,7 +568,7 @@ class Generator:
         s.stats.accept_lengths.append(int(acc.num_accepted))
         if s.req.on_round is not None and s.grower is not None:
             s.req.on_round(vt, acc)
-        self.tcache.write_rows(b * self.tplan.stride + s.L, acc.indices, src=r0)
+        self.tcache.write_rows(b * self.tplan.stride + s.L, acc.indices[:self._room(b, s.L)], src=r0)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
         new, s.reason = s.stop.emit(s.tokens)
         if new:
@@ -574,11 +581,20 @@ class Generator:
         tok = int(row.argmax()) if s.req.sampling is None else sample_token(process_logits(row, s.req.sampling),
                                                                             s.req.rng)
         s.stats.accept_lengths.append(0)
-        self.tcache.write(b * self.tplan.stride + s.L, 1, src=r0)
+        self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
         s.tokens = [tok]
         new, s.reason = s.stop.emit(s.tokens)
         if new:
             s.sink.push(new)
+
+    def _room(self, b: int, L: int) -> int:
+        """Target rows slot b may write after its L committed rows: up to the next slot's region (the last active
+        slot, or a single sequence, has a whole sequence's rows). A continuing sequence always fits: its
+        committed rows stay below capacity - 1 <= the stride; rows cut here belong to a sequence that ends in
+        this round (its emitted tokens reach the capacity), and are never read."""
+        if b == len(self.active) - 1:
+            return self.t_slot - L
+        return self.tplan.stride - L
 
     def _draft_context(self, slots: list[Slot], tt: int) -> None:
         """Draft context for every continuing drafting slot: (feature of root/accepted node, next token)."""

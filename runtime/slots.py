@@ -55,7 +55,8 @@ class StopRule:
 class LayoutPlan:
     """The stride (rows per slot region) of one cache, kept between ``need`` and ``need + 2 * step``.
 
-    rows_per_slot: the region's maximum (the single-sequence cache size); step: the rounding of the stride.
+    rows_per_slot: the stride's maximum: a sequence's cache rows, at most the graph's past_len maximum (a batched
+    call binds [A, stride] as its past); step: the rounding of the stride.
     """
 
     rows_per_slot: int

@@ -20,6 +20,7 @@ import pytest
 from model_table import EAGLE3_MODELS
 from reference import Comparison, GreedyReference
 
+from eagle_export import contract as C
 from eagle_export.errors import GenerationError
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.runtime import EagleRuntime, SamplingParams
@@ -162,6 +163,24 @@ def test_bad_request_fails_alone_and_threads_submit(models):
     rt.close()
 
 
+def test_sequences_reaching_the_capacity_in_a_batch(models):
+    """Capacity 48, stride capped at the graph's past_len range (47): sequences that run into the capacity
+    together end as they do alone (tokens, finish_reason, acceptance), the rows past a region never clobbering
+    a neighbour's."""
+    _, _, art = models("mha", max_seq_len=48, max_batch=B)
+    single = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    assert rt.generator.tplan.rows_per_slot == 47
+    reqs = [([5 + i] * (8 + 5 * i), 64) for i in range(7)]
+    tree = TreeParams(top_k=2, depth=4, total_tokens=8)
+    for (p, n), got in zip(reqs, run_batched(rt, reqs, tree=tree), strict=True):
+        alone = single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, tree=tree)
+        assert (got.tokens, got.finish_reason) == (alone.tokens, "capacity") and len(p) + len(got.tokens) == 48
+        assert got.stats.accept_lengths == alone.stats.accept_lengths
+    assert max(rt.scheduler.active_per_round) == B
+    rt.close()
+
+
 def test_max_batch_above_the_artifact_is_refused(models):
     _, _, art = models("mha")
     with pytest.raises(GenerationError, match=r"max_batch must be an integer in \[1, 1\]"):
@@ -260,3 +279,43 @@ def test_eight_sequences_share_one_set_of_weights(tmp_path):
     # B = 8 costs its extra buffers (mostly the 7 K/V caches) + 15%, and 8 MiB for the graphs' larger working
     # memory and allocator noise (measured spread of one process's RSS: about 10 MiB): never a weight copy.
     assert eight["rss"] <= one["rss"] + 1.15 * extra + 8 * mib
+
+
+# ---- the TensorRT engines' profiles -------------------------------------------------------------
+
+
+def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
+    """Engines built from an artifact exported with --max-batch 4 (TensorRT-RTX on the CPU): every call of a
+    batched run (prefills alone, tree levels, verifies and context passes over several sequences) is planned as
+    TrtBackend plans it, inside a profile, at aligned addresses (ONNX Runtime computes; no GPU here), and the
+    tokens equal the single-sequence runtime's."""
+    import shutil
+
+    from conftest import ENGINE_MODEL
+    from test_trt_backend import PlanningBackend
+
+    from eagle_export.engines.builder import BuildOptions, build_engines
+    from eagle_export.manifest import load_manifest
+    from eagle_export.runtime.generator import Generator
+    from eagle_export.runtime.scheduler import RequestStream, Scheduler
+
+    art = shutil.copytree(models(max_batch=B, **ENGINE_MODEL)[2], tmp_path / "art")
+    build_engines(art, BuildOptions(engine_lib="tensorrt-rtx"), progress=False)
+    m = load_manifest(art)
+    assert m.engines.options["max_batch"] == B  # carried from export --max-batch
+    be = PlanningBackend(art, m)
+    sched = Scheduler(Generator(m, be, prefill_chunk=16, slots=B))
+    single = Generator(m, PlanningBackend(art, m), prefill_chunk=16)
+    rng = np.random.default_rng(3)
+    reqs = [(rng.integers(3, 48, size=int(rng.integers(1, 30))).tolist(), int(rng.integers(4, 30))) for _ in range(7)]
+    tree = TreeParams(top_k=4, depth=3, total_tokens=12)
+    streams = [sched.submit(lambda p=p, n=n: sched.gen.check(p, n, tree, stop_on_eos=False), RequestStream())
+               for p, n in reqs]
+    for (p, n), s in zip(reqs, streams, strict=True):
+        want = [t for c in single.run(p, n, tree=tree, stop_on_eos=False) for t in c]
+        assert s.wait(timeout=300).tokens == want
+    sched.close()
+    batched = [c for c in be.calls if c.axes["batch"] > 1]
+    assert {c.graph for c in batched} == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
+    assert {(c.graph, c.profile) for c in be.calls} == {(g, i) for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH) for i in (0, 1)}
+    assert max(c.axes["batch"] for c in batched) == B
