@@ -316,14 +316,15 @@ class Generator:
             self.backend.check_tree(tree)  # engines may be built for smaller trees
         else:
             tree = None
-        rng = None
         if sampling is not None:
             if not isinstance(sampling, SamplingParams):
                 raise GenerationError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
             if sampling.validate().is_greedy:
                 sampling = None
-            elif rng is None:
+            elif rng is None:  # the request's own random source, unless the caller gives one
                 rng = sampling.make_rng()
+        if sampling is None:
+            rng = None
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1) if _is_int_seq(prompt_ids) else None
         if ids is None:
             raise GenerationError("prompt ids must be a sequence of integers")

@@ -163,21 +163,30 @@ def test_bad_request_fails_alone_and_threads_submit(models):
     rt.close()
 
 
-def test_sequences_reaching_the_capacity_in_a_batch(models):
-    """Capacity 48, stride capped at the graph's past_len range (47): sequences that run into the capacity
-    together end as they do alone (tokens, finish_reason, acceptance), the rows past a region never clobbering
-    a neighbour's."""
-    _, _, art = models("mha", max_seq_len=48, max_batch=B)
+def test_sequences_reaching_the_capacity_in_a_batch(tmp_path):
+    """The trained fixture (long accepted paths) at capacity 64, its 12 prompts run to the capacity 4 at a time:
+    each ends as it does alone (tokens, finish_reason, acceptance), although most last rounds accept a path
+    past the stride (capped at the graph's past_len range, 63): those rows are not written into the
+    neighbour's region."""
+    from eagle_export.prompts import read_prompts
+    from eagle_export.tools.demo import FIXTURE, fixture_tree
+
+    art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
+                          ExportOptions(max_seq_len=64, tree=fixture_tree("eagle1"), max_batch=B), progress=False)
     single = EagleRuntime.open(art, threads=1)
     rt = EagleRuntime.open(art, threads=1, max_batch=B)
-    assert rt.generator.tplan.rows_per_slot == 47
-    reqs = [([5 + i] * (8 + 5 * i), 64) for i in range(7)]
-    tree = TreeParams(top_k=2, depth=4, total_tokens=8)
-    for (p, n), got in zip(reqs, run_batched(rt, reqs, tree=tree), strict=True):
-        alone = single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, tree=tree)
-        assert (got.tokens, got.finish_reason) == (alone.tokens, "capacity") and len(p) + len(got.tokens) == 48
+    assert rt.generator.tplan.rows_per_slot == 63
+    prompts = [single.encode(spec.text) for spec in read_prompts(FIXTURE / "prompts.jsonl")]
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=64, stop_on_eos=False) for p in prompts]
+    past_the_region = 0
+    for p, stream in zip(prompts, streams, strict=True):
+        got = stream.wait(timeout=300)
+        alone = single.generate(prompt_ids=p, max_new_tokens=64, stop_on_eos=False)
+        assert (got.tokens, got.finish_reason) == (alone.tokens, "capacity") and len(p) + len(got.tokens) == 64
         assert got.stats.accept_lengths == alone.stats.accept_lengths
-    assert max(rt.scheduler.active_per_round) == B
+        acc = got.stats.accept_lengths
+        past_the_region += len(p) + sum(a + 1 for a in acc[:-1]) + acc[-1] + 1 > 63  # last round: L + path rows
+    assert past_the_region >= 3 and max(rt.scheduler.active_per_round) == B  # the case this test is about
     rt.close()
 
 
@@ -319,3 +328,14 @@ def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
     assert {c.graph for c in batched} == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
     assert {(c.graph, c.profile) for c in be.calls} == {(g, i) for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH) for i in (0, 1)}
     assert max(c.axes["batch"] for c in batched) == B
+
+
+def test_run_takes_the_callers_random_source(models):
+    """Generator.run(rng=...) samples from the caller's source: the same draws as the seed it was made from."""
+    _, _, art = models("mha")
+    rt = EagleRuntime.open(art, threads=1)
+    sp = SamplingParams(temperature=1.0, seed=11)
+    want = rt.generate(prompt_ids=[4, 8, 15], max_new_tokens=24, stop_on_eos=False, sampling=sp).tokens
+    got = [t for c in rt.generator.run([4, 8, 15], 24, stop_on_eos=False, sampling=sp.with_seed(None),
+                                       rng=np.random.default_rng(11)) for t in c]
+    assert got == want
