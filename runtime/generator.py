@@ -124,10 +124,10 @@ class Slot:
 class Generator:
     """Owns every buffer of ``slots`` sequences (allocated here, once) and runs their rounds together.
 
-    step: the rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
+    step: the smallest rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
 
     def __init__(self, manifest: Manifest, backend: Backend, prefill_chunk: int = 256, slots: int = 1,
-                 step: int = 64):
+                 step: int = 16):
         if not isinstance(backend, Backend):
             raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
@@ -421,7 +421,7 @@ class Generator:
             need_t, need_d = max(need_t, L + s.slack_t), max(need_d, L + s.slack_d)
         for plan, cache, need in ((self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d)):
             need = min(need, plan.rows_per_slot)  # only a finishing sequence's last rows go past it (_room)
-            if need <= plan.stride < need + 2 * plan.step:  # LayoutPlan.wanted's no-move case, without a call
+            if need <= plan.stride < need + 2 * plan.step:  # surely LayoutPlan.wanted's no-move case (granule >= step)
                 continue
             new = plan.wanted(need)
             if new != plan.stride:

@@ -53,14 +53,19 @@ class StopRule:
 
 @dataclass
 class LayoutPlan:
-    """The stride (rows per slot region) of one cache, kept between ``need`` and ``need + 2 * step``.
+    """The stride (rows per slot region) of one cache: ``need`` rounded up to a granule that grows with it
+    (need / 16 to need / 8, at least ``step`` rows), kept while it fits with less than two granules of slack.
+
+    Proportional granules bound both costs: the stride's own slack stays within about a quarter of the longest
+    sequence (on top of the sequences' raggedness), and the regions move (a copy of every committed row) only
+    when the longest sequence has grown by a granule, a bounded number of times per doubling.
 
     rows_per_slot: the stride's maximum: a sequence's cache rows, at most the graph's past_len maximum (a batched
     call binds [A, stride] as its past); step: the rounding of the stride.
     """
 
     rows_per_slot: int
-    step: int = 64
+    step: int = 16
     stride: int = 0
     moves: int = 0  # re-layouts so far (each copies the committed rows of every active slot)
 
@@ -70,13 +75,18 @@ class LayoutPlan:
         if not self.stride:
             self.stride = min(self.rows_per_slot, self.step)
 
+    def granule(self, need: int) -> int:
+        """The rounding of the stride for ``need`` rows: a power of two in (need / 16, need / 8], at least ``step``."""
+        return max(self.step, 1 << max(0, need.bit_length() - 4))
+
     def wanted(self, need: int) -> int:
         """The stride for a batch whose longest slot needs ``need`` rows, or the current one if it still fits."""
         if need > self.rows_per_slot:
             raise ValueError(f"a slot needs {need} rows, more than the {self.rows_per_slot} it can hold")
-        if need <= self.stride < need + 2 * self.step:
-            return self.stride  # fits, and at most two steps of slack: keep it (no move)
-        return min(self.rows_per_slot, -(-need // self.step) * self.step)
+        g = self.granule(need)
+        if need <= self.stride < need + 2 * g:
+            return self.stride  # fits, and less than two granules of slack: keep it (no move)
+        return min(self.rows_per_slot, -(-need // g) * g)
 
 
 def move_order(old: int, new: int, count: int) -> range:

@@ -220,6 +220,11 @@ def test_layout_plan_keeps_padding_bounded():
     assert plan.wanted(990) == 1000  # never past the region's rows
     with pytest.raises(ValueError):
         plan.wanted(1001)
+    long = LayoutPlan(rows_per_slot=100_000, step=16)
+    assert long.wanted(40) == 48 and long.granule(40) == 16  # short sequences: fine steps, little padding
+    assert long.granule(5000) == 512 and long.wanted(5000) == 5120  # long ones: need / 16 .. need / 8, few moves
+    long.stride = 5120
+    assert long.wanted(4500) == 5120 and long.wanted(4000) == 4096
 
 
 def test_move_order_never_overwrites_an_unmoved_region():
