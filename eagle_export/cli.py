@@ -280,7 +280,7 @@ _PROMPTS_FILE = click.option(
 
 
 @main.command("bench")
-@click.argument("artifact", type=click.Path(path_type=Path))
+@click.argument("artifact", type=click.Path(path_type=Path), required=False)
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt and mode (greedy, EOS ignored).")
@@ -301,16 +301,37 @@ _PROMPTS_FILE = click.option(
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --concurrency: passes per mode and N (alternating); the pass of median throughput is "
                    "reported.")
+@click.option("--url", default=None,
+              help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
+                   "see docs/serve.md).")
+@click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
+              help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests, repeats) -> None:
-    """Measure EAGLE against --no-draft on ARTIFACT, side by side in one run (see docs/bench.md)."""
+              plot_file, concurrency, requests, repeats, url, api_key) -> None:
+    """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
+    docs/bench.md)."""
     from .prompts import read_prompts
     from .tools.commands.bench import bench, plot_n_alpha, require_matplotlib
 
-    if plot_file is not None:
+    if (artifact is None) == (url is None):
+        raise EagleExportError("give ARTIFACT, or --url of a running `eagle-export serve` (not both)")
+    if plot_file is not None and url is None:
         require_matplotlib()  # fail before the bench runs, not after
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    if url is not None:
+        from .tools.commands.bench_http import bench_http
+
+        if plot_file is not None or repeats != 1:
+            raise EagleExportError("--plot and --repeats are not available with --url (run bench --concurrency on "
+                                   "the artifact for those)")
+        given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
+                 if v is not None}
+        report = bench_http(url, concurrency=_parse_ids(concurrency or "1", "--concurrency"), requests=requests,
+                            prompts=prompts, max_new_tokens=max_new_tokens, tree=given or None, api_key=api_key,
+                            log=log)
+        click.echo(json.dumps(report.to_dict()) if as_json else report.format())
+        return
     if concurrency is not None:
         from .tools.commands.bench_concurrency import bench_concurrency, plot_throughput
 
@@ -403,6 +424,64 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         click.echo(f"error: {len(report.lossy)} setting(s) were lossy (EAGLE tokens differ from no-draft): "
                    "manifest not changed", err=True)
         sys.exit(1)
+
+
+@main.command("serve")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind (the default answers this machine only; 0.0.0.0 opens it to the network).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=None,
+              help="Sequences decoded at once per runtime [default: the artifact's export --max-batch].")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests waiting for a slot beyond the batch; past that the server answers 429 at once.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="Per-request timeout in seconds (the request is cancelled).")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="Longest prompt accepted [default: the artifact's capacity - 1].")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="Largest request body accepted (413 beyond).")
+@click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics [env: EAGLE_EXPORT_API_KEY].")
+@click.option("--model-name", default=None, help="The model id clients name [default: the artifact folder's name].")
+@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
+@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per graph.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Deploy with Ray Serve (on RAY_ADDRESS's cluster, else a local Ray instance).")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Ray Serve replicas, one runtime each (--ray).")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="CPUs Ray reserves per replica (--ray).")
+def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_tokens, max_body_bytes, api_key,
+              model_name, backend, threads, use_ray, replicas, replica_cpus) -> None:
+    """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md)."""
+    from .manifest import load_manifest
+    from .serve.extras import RAY, SERVE, require
+
+    if use_ray:
+        require("ray", *RAY)
+    require("serve", *SERVE)
+    from .serve.engine import ServeOptions
+
+    man = load_manifest(artifact)  # a bad artifact is one line before anything starts
+    if max_batch is not None and max_batch > man.max_batch:
+        raise EagleExportError(f"--max-batch {max_batch} is above the artifact's batch range (export --max-batch "
+                               f"{man.max_batch}): re-export with --max-batch {max_batch}")
+    if replicas > 1 and not use_ray:
+        raise EagleExportError("--replicas needs --ray (one process serves one runtime)")
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this port can use it",
+                   err=True)
+    opts = ServeOptions(str(Path(artifact).resolve()), backend, max_batch, max_queue, timeout_s, max_prompt_tokens,
+                        max_body_bytes, api_key or None, model_name or Path(artifact).resolve().name, threads)
+    if use_ray:
+        from .serve.run import serve_ray
+
+        serve_ray(opts, replicas, host, port, replica_cpus)
+    else:
+        from .serve.run import serve_uvicorn
+
+        serve_uvicorn(opts, host, port)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from eagle_export.errors import GenerationError
@@ -36,6 +37,14 @@ class RequestStream:
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.cancelled = False  # set by ``cancel``; the scheduler reads it at round boundaries
+
+    def cancel(self) -> None:
+        """Ask the scheduler to drop this request at the next round boundary (thread-safe; a no-op once it ended).
+
+        Its slot is freed before the next round (a waiting request may take it there), and the stream then fails
+        with a GenerationError saying it was cancelled. A server calls this when its client disconnects."""
+        self.cancelled = True
 
     # called from the scheduler thread
     def push(self, tokens: list[int]) -> None:
@@ -94,6 +103,9 @@ class Scheduler:
         self.rounds = 0  # batched rounds run (bench: rounds x graph calls shared by the batch)
         self.active_per_round: list[int] = []  # sequences in each round
         self.join_rounds: list[int] = []  # for each admitted request, the round count when it joined
+        # called after each batched round with (seconds, sequences in it), from the scheduler thread (a server's
+        # metrics); an exception in it is logged, never fails a request
+        self.on_round: Callable[[float, int], None] | None = None
 
     def submit(self, make_request: Callable[[], Request], stream: RequestStream) -> RequestStream:
         """Check the request here (an error fails this stream only) and queue it for the next round boundary."""
@@ -138,6 +150,7 @@ class Scheduler:
         """Rounds until no request is active or waiting."""
         gen = self.gen
         while True:
+            self._drop_cancelled()
             with self._cv:
                 joining = [self._pending.popleft() for _ in range(min(gen.free, len(self._pending)))]
             if not joining and not gen.active:
@@ -152,8 +165,35 @@ class Scheduler:
             if gen.active:
                 self.active_per_round.append(len(gen.active))
                 try:
+                    t0 = time.perf_counter()
+                    n = len(gen.active)
                     gen.round()
                     self.rounds += 1
+                    self._report_round(time.perf_counter() - t0, n)
                 except Exception as e:  # noqa: BLE001 - a graph call failed: its requests fail, others go on
                     log.debug("round failed", exc_info=True)
                     gen.fail_all(e if isinstance(e, GenerationError) else GenerationError(f"{type(e).__name__}: {e}"))
+
+    def _drop_cancelled(self) -> None:
+        """Free the slots of cancelled active requests (before the next round) and drop cancelled waiting ones."""
+        gen = self.gen
+        gone = GenerationError("the request was cancelled")
+        hit = False
+        for s in gen.active:
+            if getattr(s.sink, "cancelled", False) and s.error is None and s.reason is None:
+                s.error, hit = gone, True
+        if hit:
+            gen._retire()  # the generator's own removal of finished slots (it fails their streams)
+        with self._cv:
+            keep = [(r, st) for r, st in self._pending if not st.cancelled]
+            dropped = [st for _, st in self._pending if st.cancelled]
+            self._pending = collections.deque(keep)
+        for st in dropped:
+            st.fail(gone)
+
+    def _report_round(self, seconds: float, active: int) -> None:
+        if self.on_round is not None:
+            try:
+                self.on_round(seconds, active)
+            except Exception:  # noqa: BLE001 - a metrics hook never fails a request
+                log.warning("Scheduler.on_round failed", exc_info=True)

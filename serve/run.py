@@ -1,0 +1,58 @@
+"""Running the app: one process under uvicorn, or N Ray Serve replicas of it (one runtime each)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from eagle_export.errors import EagleExportError
+
+from .engine import ServeEngine, ServeOptions
+from .extras import RAY, SERVE, require
+
+log = logging.getLogger(__name__)
+
+
+def serve_uvicorn(opts: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Open the runtime, then serve until interrupted."""
+    require("serve", *SERVE)
+    import uvicorn
+
+    from .app import build_app
+
+    engine = ServeEngine.open(opts)
+    try:
+        uvicorn.run(build_app(engine, opts.api_key), host=host, port=port, log_level=log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.close()
+
+
+def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: int = 8000,
+              replica_cpus: float = 1.0, num_cpus: int | None = None, block: bool = True) -> None:
+    """Deploy on the Ray cluster named by RAY_ADDRESS, or on a local Ray instance started here."""
+    require("ray", *RAY)
+    require("serve", *SERVE)
+    import ray
+    from ray import serve
+
+    if replicas < 1:
+        raise EagleExportError(f"--replicas must be >= 1, got {replicas}")
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    from .ray_deploy import ray_app
+
+    serve.run(ray_app(opts, replicas, replica_cpus), name="eagle", route_prefix="/")
+    if not block:
+        return
+    print(f"eagle-export serve: {replicas} Ray Serve replica(s) on http://{host}:{port} (Ctrl-C stops)",
+          file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
