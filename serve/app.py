@@ -30,7 +30,7 @@ from .metrics import CONTENT_TYPE
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body, validation_message
 
 _PROTECTED = ("/v1/", "/metrics")
-_POLL_S = 0.25  # how often a whole (non-streamed) response checks that its client is still there
+_POLL_S = 0.05  # how often a whole (non-streamed) response checks that its client is still there
 
 
 class ApiError(Exception):
@@ -255,15 +255,20 @@ async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Requ
     is cancelled at once. ``request`` (whole responses): poll for a client that went away."""
     loop = asyncio.get_running_loop()
     ended = [False] * len(job.streams)
+    polled = loop.time()
     while not all(ended):
-        remaining = deadline - loop.time()
+        now = loop.time()
+        remaining = deadline - now
         if remaining <= 0:
             raise RequestTimeout()
+        # every _POLL_S, whether or not rounds keep arriving (a fast batch would otherwise never be interrupted)
+        if request is not None and now - polled >= _POLL_S:
+            polled = now
+            if await request.is_disconnected():
+                raise _ClientGone()
         try:
             i, item = await asyncio.wait_for(job.queue.get(), min(remaining, _POLL_S) if request else remaining)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                raise _ClientGone() from None
             continue
         c = choices[i]
         if isinstance(item, list):
