@@ -32,6 +32,7 @@ from pathlib import Path
 
 from eagle_export import contract as C
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts
+from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
 
 from .bench import BenchError, TimingBackend, builtin_prompts, peak_rss_mb
@@ -45,34 +46,43 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class ModeFigures:
+    """One mode's figures over a pass. Figures only the in-process bench can see (the draft/target/host split,
+    padding; rounds and sequences per round when a server's /metrics is missing) are None over HTTP."""
+
     tokens: int
     wall_s: float
     latencies: list[float]
     accept_lengths: list[int]
-    draft_s: float
-    target_s: float
-    rounds: int  # batched rounds the scheduler ran (each: one verify for all active sequences)
-    mean_active: float  # sequences per round, on average
-    padding: float  # share of bound past rows that were padding
+    draft_s: float | None
+    target_s: float | None
+    rounds: int | None  # batched rounds the scheduler ran (each: one verify for all active sequences)
+    mean_active: float | None  # sequences per round, on average
+    padding: float | None  # share of bound past rows that were padding
 
     @property
     def throughput(self) -> float:
         return self.tokens / max(self.wall_s, 1e-12)
 
     @property
-    def host_s(self) -> float:
+    def host_s(self) -> float | None:
+        if self.draft_s is None or self.target_s is None:
+            return None
         return max(self.wall_s - self.draft_s - self.target_s, 0.0)
 
     @property
+    def host_ms_per_token(self) -> float | None:
+        host = self.host_s
+        return None if host is None else 1e3 * host / max(self.tokens, 1)
+
+    @property
     def tau(self) -> float:
-        a = self.accept_lengths
-        return (sum(a) + len(a)) / len(a) if a else 0.0
+        return tau(self.accept_lengths)
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "wall_s": self.wall_s, "throughput_tokens_per_s": self.throughput,
                 "latency_s": {"p50": percentile(self.latencies, 50), "p95": percentile(self.latencies, 95)},
                 "tau": self.tau, "draft_s": self.draft_s, "target_s": self.target_s, "host_s": self.host_s,
-                "host_ms_per_token": 1e3 * self.host_s / max(self.tokens, 1), "rounds": self.rounds,
+                "host_ms_per_token": self.host_ms_per_token, "rounds": self.rounds,
                 "mean_active": self.mean_active, "padding": self.padding}
 
 
@@ -90,8 +100,7 @@ class Level:
                 "throughput_tokens_per_s": {"eagle": e.throughput, "no_draft": n.throughput},
                 "latency_s": {"p50": percentile(e.latencies, 50), "p95": percentile(e.latencies, 95)},
                 "no_draft_latency_s": {"p50": percentile(n.latencies, 50), "p95": percentile(n.latencies, 95)},
-                "tau": e.tau, "host_ms_per_token": {"eagle": 1e3 * e.host_s / max(e.tokens, 1),
-                                                   "no_draft": 1e3 * n.host_s / max(n.tokens, 1)},
+                "tau": e.tau, "host_ms_per_token": {"eagle": e.host_ms_per_token, "no_draft": n.host_ms_per_token},
                 "lossless": self.lossless, "eagle": e.to_dict(), "no_draft": n.to_dict()}
 
 
@@ -127,7 +136,7 @@ class ConcurrencyReport:
             lines.append(
                 f"{lv.concurrency:>3}  {lv.requests:>4}  {e.throughput:>11.1f}  {n.throughput:>14.1f}  {rel}  "
                 f"{percentile(e.latencies, 50):>6.2f}  {percentile(e.latencies, 95):>6.2f}  {e.tau:>5.2f}  "
-                f"{1e3 * e.host_s / max(e.tokens, 1):>11.2f}  {1e3 * n.host_s / max(n.tokens, 1):>14.2f}  "
+                f"{e.host_ms_per_token:>11.2f}  {n.host_ms_per_token:>14.2f}  "
                 f"{e.mean_active:>9.2f}  {e.padding:>7.1%}  {'yes' if lv.lossless else 'NO'}")
         lines += ["", "throughput: generated tokens / wall time of the pass; latency: submit to result per request; "
                   "host: wall time outside graph calls per generated token",

@@ -31,50 +31,7 @@ from pathlib import Path
 from eagle_export.prompts import PromptSpec, read_prompts
 
 from .bench import BenchError, builtin_prompts
-from .bench_concurrency import percentile
-
-
-@dataclass
-class HttpMode:
-    tokens: int
-    wall_s: float
-    latencies: list[float]
-    accept_lengths: list[int]
-    rounds: int | None
-    mean_active: float | None
-
-    @property
-    def throughput(self) -> float:
-        return self.tokens / max(self.wall_s, 1e-12)
-
-    @property
-    def tau(self) -> float:
-        a = self.accept_lengths
-        return (sum(a) + len(a)) / len(a) if a else 0.0
-
-    def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "wall_s": self.wall_s, "throughput_tokens_per_s": self.throughput,
-                "latency_s": {"p50": percentile(self.latencies, 50), "p95": percentile(self.latencies, 95)},
-                "tau": self.tau, "draft_s": None, "target_s": None, "host_s": None, "host_ms_per_token": None,
-                "rounds": self.rounds, "mean_active": self.mean_active, "padding": None}
-
-
-@dataclass
-class HttpLevel:
-    concurrency: int
-    requests: int
-    eagle: HttpMode
-    no_draft: HttpMode
-    lossless: bool
-
-    def aggregate(self) -> dict:
-        e, n = self.eagle, self.no_draft
-        return {"concurrency": self.concurrency, "requests": self.requests,
-                "throughput_tokens_per_s": {"eagle": e.throughput, "no_draft": n.throughput},
-                "latency_s": {"p50": percentile(e.latencies, 50), "p95": percentile(e.latencies, 95)},
-                "no_draft_latency_s": {"p50": percentile(n.latencies, 50), "p95": percentile(n.latencies, 95)},
-                "tau": e.tau, "host_ms_per_token": {"eagle": None, "no_draft": None},
-                "lossless": self.lossless, "eagle": e.to_dict(), "no_draft": n.to_dict()}
+from .bench_concurrency import Level, ModeFigures, percentile
 
 
 @dataclass
@@ -84,7 +41,7 @@ class HttpReport:
     server_max_batch: int
     max_new_tokens: int
     tree: dict | None  # the tree settings sent (the rest: the server's defaults)
-    levels: list[HttpLevel] = field(default_factory=list)
+    levels: list[Level] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         last = self.levels[-1].aggregate()
@@ -129,7 +86,7 @@ _ROUND_NAMES = ("eagle_round_seconds_count", "eagle_round_sequences_sum", "eagle
 
 
 def _pass(url: str, headers: dict, model: str, work: list[PromptSpec], clients: int, max_new: int,
-          eagle: dict) -> tuple[HttpMode, list[list[int]]]:
+          eagle: dict) -> tuple[ModeFigures, list[list[int]]]:
     import httpx
 
     tokens: list[list[int] | None] = [None] * len(work)
@@ -182,8 +139,8 @@ def _pass(url: str, headers: dict, model: str, work: list[PromptSpec], clients: 
         rounds = int(after["eagle_round_seconds_count"] - before["eagle_round_seconds_count"])
         n = after["eagle_round_sequences_count"] - before["eagle_round_sequences_count"]
         mean_active = (after["eagle_round_sequences_sum"] - before["eagle_round_sequences_sum"]) / n if n else None
-    mode = HttpMode(sum(len(t) for t in tokens), wall, latencies, accepts if eagle.get("no_draft") is not True
-                    else [], rounds, mean_active)
+    mode = ModeFigures(sum(len(t) for t in tokens), wall, latencies,
+                       accepts if eagle.get("no_draft") is not True else [], None, None, rounds, mean_active, None)
     return mode, tokens
 
 
@@ -226,6 +183,6 @@ def bench_http(url: str, *, concurrency: list[int], requests: int | None = None,
         e, e_tokens = _pass(url, headers, info["id"], work, n, max_new_tokens, eagle)
         say(f"N={n}: {m} no-draft requests from {n} clients")
         nd, nd_tokens = _pass(url, headers, info["id"], work, n, max_new_tokens, plain)
-        report.levels.append(HttpLevel(n, m, e, nd, e_tokens == nd_tokens))
+        report.levels.append(Level(n, m, e, nd, e_tokens == nd_tokens))
         say(f"N={n}: EAGLE {e.throughput:.1f} tok/s, no-draft {nd.throughput:.1f} tok/s, tau {e.tau:.2f}")
     return report
