@@ -272,6 +272,16 @@ def test_bad_requests_are_4xx_json_and_the_server_survives(server):
     assert after - before >= sum(1 for p, *_ in BAD if p == "/v1/completions")
 
 
+def _metrics_when_idle(h, wait_s: float = 10) -> str:
+    """/metrics once no request is in flight (or after wait_s): the text to read the counters from."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = h.get("/metrics").text
+        if metric(text, "eagle_requests_in_flight") == 0 or time.monotonic() > deadline:
+            return text
+        time.sleep(0.02)
+
+
 def test_a_client_that_disconnects_frees_its_slot(art):
     """One slot, no queue: a 480-token stream is dropped after two chunks; its slot is free within a few rounds
     (counted as cancelled, far fewer than 480 tokens made) and the next request is served, not refused."""
@@ -288,12 +298,7 @@ def test_a_client_that_disconnects_frees_its_slot(art):
                         break
             # the connection is closed here
             busy = h.post("/v1/completions", json={**OK, "temperature": 0})
-            deadline = time.monotonic() + 10
-            while True:
-                text = h.get("/metrics").text
-                if metric(text, "eagle_requests_in_flight") == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
+            text = _metrics_when_idle(h)
             assert metric(text, "eagle_requests_in_flight") == 0
             assert metric(text, "eagle_requests_total", endpoint="/v1/completions", status="cancelled") == 1
             made = metric(text, "eagle_generation_tokens_total") - (4 if busy.status_code == 200 else 0)
@@ -304,12 +309,7 @@ def test_a_client_that_disconnects_frees_its_slot(art):
             before = metric(h.get("/metrics").text, "eagle_generation_tokens_total")
             with pytest.raises(httpx.ReadTimeout):
                 h.post("/v1/completions", json={**body, "stream": False}, timeout=0.1)
-            deadline = time.monotonic() + 10
-            while True:
-                text = h.get("/metrics").text
-                if metric(text, "eagle_requests_in_flight") == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
+            text = _metrics_when_idle(h)
             assert metric(text, "eagle_requests_total", endpoint="/v1/completions", status="cancelled") == 2
             assert metric(text, "eagle_generation_tokens_total") - before < 240
 

@@ -44,6 +44,17 @@ def percentile(values: list[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, math.ceil(q / 100 * len(s)) - 1))]
 
 
+def run_clients(client, clients: int) -> float:
+    """Run ``client`` in that many threads at once; the wall time until the last one ends."""
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 @dataclass
 class ModeFigures:
     """One mode's figures over a pass. Figures only the in-process bench can see (the draft/target/host split,
@@ -177,13 +188,7 @@ def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_
     proxy.reset()
     rounds0, active0 = sched.rounds, len(sched.active_per_round)
     gen.padding.bound = gen.padding.used = 0
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(client, clients)
     if errors:
         raise BenchError(f"a request failed: {errors[0]}")
     per_round = sched.active_per_round[active0:]

@@ -31,7 +31,7 @@ from pathlib import Path
 from eagle_export.prompts import PromptSpec, read_prompts
 
 from .bench import BenchError, builtin_prompts
-from .bench_concurrency import Level, ModeFigures, percentile
+from .bench_concurrency import Level, ModeFigures, percentile, run_clients
 
 
 @dataclass
@@ -124,13 +124,7 @@ def _pass(url: str, headers: dict, model: str, work: list[PromptSpec], clients: 
 
     with httpx.Client(base_url=url, headers=headers, timeout=60) as h:
         before = _scrape(h, _ROUND_NAMES)
-        threads = [threading.Thread(target=client) for _ in range(clients)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        wall = run_clients(client, clients)
         after = _scrape(h, _ROUND_NAMES)
     if errors:
         raise BenchError(f"a request failed: {errors[0]}")

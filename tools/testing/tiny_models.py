@@ -399,6 +399,18 @@ def _finish_draft_config(cfg: dict[str, Any], tcfg: dict, init_scale: float, con
         cfg["rope_parameters"] = {**cfg["rope_parameters"], "rope_theta": float(cfg["rope_theta"])}
 
 
+def _head_prelude(out_dir, target_dir, weights_format: str, own_embedding) -> tuple[Path, Path, dict]:
+    """What every head writer does first: check the common options, make the folder, read the target's config."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if weights_format not in ("safetensors", "bin"):
+        raise ValueError(f"weights_format must be 'safetensors' or 'bin', got {weights_format!r}")
+    if own_embedding not in (False, True, "random", "copy"):
+        raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
+    target_dir = Path(target_dir)
+    return out_dir, target_dir, json.loads((target_dir / "config.json").read_text())
+
+
 def make_tiny_draft(
     out_dir: str | Path,
     target_dir: str | Path,
@@ -429,14 +441,7 @@ def make_tiny_draft(
     embed_tokens.weight; True/"random" = a random [V, H] table N(0, init_scale) (differs from the
     target's, so tests can tell which one is used); "copy" = a copy of the target's embedding.
     """
-    out_dir = Path(out_dir)
-    target_dir = Path(target_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if weights_format not in ("safetensors", "bin"):
-        raise ValueError(f"weights_format must be 'safetensors' or 'bin', got {weights_format!r}")
-    if own_embedding not in (False, True, "random", "copy"):
-        raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
-    tcfg = json.loads((target_dir / "config.json").read_text())
+    out_dir, target_dir, tcfg = _head_prelude(out_dir, target_dir, weights_format, own_embedding)
 
     if not bias_key and not fc_bias:
         raise ValueError("a config without a 'bias' key means bias=True: bias_key=False needs fc_bias=True")
@@ -585,14 +590,7 @@ def make_tiny_eagle3_draft(
     the target's embedding has the target's width). ``num_feature_layers``: fc reads that many
     target layers' features (3 in the published heads).
     """
-    out_dir = Path(out_dir)
-    target_dir = Path(target_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if weights_format not in ("safetensors", "bin"):
-        raise ValueError(f"weights_format must be 'safetensors' or 'bin', got {weights_format!r}")
-    if own_embedding not in (False, True, "random", "copy"):
-        raise ValueError(f"own_embedding must be False, True, 'random' or 'copy', got {own_embedding!r}")
-    tcfg = json.loads((target_dir / "config.json").read_text())
+    out_dir, target_dir, tcfg = _head_prelude(out_dir, target_dir, weights_format, own_embedding)
     V = int(tcfg["vocab_size"])
     Vd = V if draft_vocab_size is None else int(draft_vocab_size)
     if not 1 <= Vd <= V:
