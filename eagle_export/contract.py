@@ -27,13 +27,20 @@ feature row). The new rows are the feature rows followed by the hidden rows, so
 context pass and ``feature_rows = 0`` for a tree level (zero-size inputs). One graph serves
 EAGLE-1/2 and EAGLE-3 with the same IO names; only ``feature_dim`` differs (hidden size vs
 len(feature_layers) x hidden size).
+
+Version 3: the draft step takes its tokens' embedding rows (``input_embeds`` [batch, new_tokens, hidden_size])
+instead of their ids. The table they come from is stored once in the artifact (the target's embedding, in the
+target graph's data file, unless the head brings a different one), and the runtime gathers the rows on the host
+from a read-only mapping of it (``runtime/embedding.py``; where the table lies: the manifest's
+``draft_embedding``). So the draft graph carries no copy of the target's embedding, and on TensorRT no engine
+holds it twice.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 
 # Axis names.
 BATCH = "batch"
@@ -57,7 +64,8 @@ LOGIT_INDICES = "logit_indices"
 # Target outputs.
 LOGITS = "logits"
 FEATURES = "features"
-# Draft only: inputs (target features; the draft's own fed-back hidden) and outputs.
+# Draft only: inputs (its tokens' embedding rows; target features; the draft's own fed-back hidden) and outputs.
+INPUT_EMBEDS = "input_embeds"
 DRAFT_FEATURES = "features"
 HIDDEN_IN = "hidden_in"
 TOPK_LOGPROBS = "topk_logprobs"
@@ -170,12 +178,14 @@ def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
                     dtype: str, num_layers: int = 1) -> GraphSpec:
     """Draft step graph: the head over [batch, new_tokens] with top-k inside the graph.
 
+    ``input_embeds`` are the rows of the head's embedding table for its input tokens (gathered by the runtime).
+
     new_tokens = feature_rows + hidden_rows: rows from target ``features`` first, then rows from the
     fed-back ``hidden_in``. ``topk_ids`` are target-vocabulary ids (EAGLE-3's d2t applied inside).
     A head with several decoder layers has one past/present K/V pair per layer (``num_layers``).
     """
     inputs = [
-        TensorSpec(INPUT_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(INPUT_EMBEDS, dtype, (BATCH, NEW_TOKENS, hidden_size)),
         TensorSpec(DRAFT_FEATURES, dtype, (BATCH, FEATURE_ROWS, feature_dim)),
         TensorSpec(HIDDEN_IN, dtype, (BATCH, HIDDEN_ROWS, hidden_size)),
         TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),

@@ -58,6 +58,35 @@ class DraftInfo:
     feature_layers_source: str | None = None  # where target.feature_layers came from (checkpoint, default, flag)
 
 
+@dataclass(frozen=True)
+class TableRef:
+    """Where the draft's token-embedding table lies in the artifact: raw, C-ordered bytes in one of its files.
+
+    Written by the exporter, read by ``runtime/embedding.py``, which gathers the draft's ``input_embeds`` from it
+    (contract version 3). ``shared``: the table is the target's embedding in the target graph's data file (the
+    artifact stores it once); otherwise the head brought its own, different one, in a file of its own.
+    ``transposed``: stored [hidden, vocab] (a tied embedding / lm_head kept once, in the lm_head's layout), else
+    [vocab, hidden]."""
+
+    file: str
+    offset: int
+    vocab_size: int
+    hidden_size: int
+    dtype: str
+    transposed: bool
+    shared: bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.hidden_size, self.vocab_size) if self.transposed else (self.vocab_size, self.hidden_size)
+
+    @property
+    def nbytes(self) -> int:
+        from .dtypes import DTYPES
+
+        return self.vocab_size * self.hidden_size * DTYPES[self.dtype].itemsize
+
+
 @dataclass
 class GraphEntry:
     file: str
@@ -149,6 +178,7 @@ class Manifest:
     draft: DraftInfo
     graphs: dict[str, GraphEntry]
     has_tokenizer: bool
+    draft_embedding: TableRef  # where the runtime reads the draft's input_embeds rows from (contract 3)
     versions: dict[str, str] = field(default_factory=dict)
     engines: EnginesInfo | None = None  # set by `eagle-export build`; older manifests have none
     tuned: TunedInfo | None = None  # set by `eagle-export tune`; older manifests have none
@@ -176,6 +206,7 @@ class Manifest:
             "draft": asdict(self.draft),
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
             "has_tokenizer": self.has_tokenizer,
+            "draft_embedding": asdict(self.draft_embedding),
             "versions": self.versions,
             **({"engines": self.engines.to_dict()} if self.engines is not None else {}),
             **({"tuned": self.tuned.to_dict()} if self.tuned is not None else {}),
@@ -200,7 +231,8 @@ class Manifest:
             variant=d["variant"], dtype=d["dtype"], max_seq_len=int(d["max_seq_len"]),
             tree_limits=TreeLimits(**d["tree_limits"]), tree_defaults=TreeParams(**d["tree_defaults"]),
             target=TargetInfo(**d["target"]), draft=DraftInfo(**d["draft"]), graphs=graphs,
-            has_tokenizer=bool(d["has_tokenizer"]), versions=dict(d.get("versions", {})),
+            has_tokenizer=bool(d["has_tokenizer"]), draft_embedding=TableRef(**d["draft_embedding"]),
+            versions=dict(d.get("versions", {})),
             engines=EnginesInfo.from_dict(d["engines"]) if d.get("engines") is not None else None,
             tuned=TunedInfo.from_dict(d["tuned"]) if d.get("tuned") is not None else None,
             files={str(k): int(v) for k, v in (d.get("files") or {}).items()},
@@ -320,6 +352,7 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
     want = {
         (C.TARGET_GRAPH, C.FEATURES): t.feature_dim,
         (C.TARGET_GRAPH, C.LOGITS): t.vocab_size,
+        (C.DRAFT_GRAPH, C.INPUT_EMBEDS): d.hidden_size,
         (C.DRAFT_GRAPH, C.DRAFT_FEATURES): d.feature_dim,
         (C.DRAFT_GRAPH, C.HIDDEN_IN): d.hidden_size,
         (C.DRAFT_GRAPH, C.HIDDEN): d.hidden_size,
@@ -334,3 +367,12 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
             fail(f"graph {graph} has no {name!r} in its spec (contract version {m.contract_version})")
         if spec.shape[-1] != width:
             fail(f"graph {graph} {name!r} is {spec.shape[-1]} wide but the manifest fields say {width}")
+    e = m.draft_embedding
+    if e.hidden_size != d.hidden_size or e.vocab_size != t.vocab_size or e.dtype != m.dtype:
+        fail(f"draft_embedding is a {e.vocab_size} x {e.hidden_size} {e.dtype} table, but the draft embeds "
+             f"{t.vocab_size} target ids into {d.hidden_size} {m.dtype} rows")
+    if e.offset < 0 or (m.files and e.file not in m.files):
+        fail(f"draft_embedding names file {e.file!r} at offset {e.offset}, which the artifact does not list")
+    if m.files and e.offset + e.nbytes > m.files[e.file]:
+        fail(f"draft_embedding ({e.nbytes} bytes at offset {e.offset}) runs past the end of {e.file} "
+             f"({m.files[e.file]} bytes)")

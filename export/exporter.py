@@ -19,10 +19,11 @@ from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
-from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TargetInfo
+from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TableRef, TargetInfo
 from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
+from .embedding_table import locate_target_embedding, write_own_table
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
 from .weights import (
@@ -302,13 +303,15 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
+            embeds = torch.zeros(b, t, dinfo.hidden_size, dtype=dtype)
             feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
             hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
             dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
                      for _ in range(2 * dinfo.num_layers)]
-            _export_graph(DraftStep(head, lim.max_top_k).eval(), (ids, feats, hidden_in, pos, mask, *dpast), dspec,
-                          tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
+            _export_graph(DraftStep(head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
+                          dspec, tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
             steps.update()
+        table = _draft_table(tmp, target, head, sources, dtype)
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:
             shutil.copy2(f, tmp / f.name)
@@ -323,6 +326,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
                 C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
+            draft_embedding=table,
             versions=_versions(),
             files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
         )
@@ -342,6 +346,25 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     assert (out_dir / MANIFEST_NAME).is_file()
     return ExportReport(out_dir, lean, time.perf_counter() - t_start, peak_rss_bytes(), weights_bytes,
                         sum(f.stat().st_size for f in out_dir.iterdir()))
+
+
+def _draft_table(directory: Path, target: LoadedTarget, head: torch.nn.Module, sources: dict[int, Source] | None,
+                 dtype: torch.dtype) -> TableRef:
+    """Where the runtime reads the draft's input_embeds from: the target's embedding in the target graph's data
+    file, unless the head's own table differs from it (then written beside the graphs, once)."""
+    shared = locate_target_embedding(directory / f"{C.TARGET_GRAPH}.onnx")
+    own = head.embed_tokens.weight
+    target_weight = target.model.model.embed_tokens.weight
+    if own is target_weight:
+        return shared
+    # The head brought embed_tokens.weight: the same values as the target's (a frozen copy saved with the head)
+    # share the target's table; different ones (a head trained with its own) are the head's.
+    theirs = sources[id(target_weight)].load().to(dtype) if sources is not None else target_weight
+    if own.shape == theirs.shape and torch.equal(own.detach().to(dtype), theirs.detach()):
+        log.info("the head's embed_tokens equals the target's: the draft reads the target's table")
+        return shared
+    log.info("the head's embed_tokens differs from the target's: its own table is stored for the draft")
+    return write_own_table(directory, own.detach().to(dtype))
 
 
 def _versions() -> dict[str, str]:

@@ -187,13 +187,14 @@ class Eagle1Head(nn.Module):
         self.hidden_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.hidden_fc_norm else None
         self.lm_head_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.lm_head_norm else None
 
-    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
+    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past):
         """Rows: features (target) then hidden_in (fed back); both go through fc with their token's embedding.
 
+        input_embeds: ``embed_tokens`` rows of the rows' tokens [B, T, H] (the graph takes them as an input).
         past: [k0, v0, k1, v1, ...] per layer. Returns (hidden [B, T, H], new K0, new V0, new K1, ...).
         """
         f = torch.cat((features, hidden_in), dim=1)
-        emb = self.embed_tokens(input_ids).to(f.dtype)
+        emb = input_embeds.to(f.dtype)
         if self.embed_layernorm is not None:
             emb = self.embed_layernorm(emb)
         if self.hidden_layernorm is not None:
@@ -203,10 +204,10 @@ class Eagle1Head(nn.Module):
         attn = layer.self_attn
         rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *input_ids.shape, past[0].shape[1])
+        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
         h = x + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h, presents = _later_layers(self, h, rope, bias, past, input_ids.shape)
+        h, presents = _later_layers(self, h, rope, bias, past, emb.shape[:2])
         return (h, k, v, *presents)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -272,22 +273,23 @@ class Eagle3Head(nn.Module):
             features = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(features)
 
-    def forward_hidden(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
+    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past):
         """Rows: features (fc applied) then hidden_in (no fc). past: [k0, v0, k1, v1, ...] per layer.
 
+        input_embeds: ``embed_tokens`` rows of the rows' tokens [B, T, H] (the graph takes them as an input).
         Returns (state fed back [B, T, H], new K0, new V0, new K1, ...)."""
         h = torch.cat((self.fc_in(features), hidden_in), dim=1)
         layer = self.midlayer
-        emb = self.embed_tokens(input_ids).to(h.dtype)
+        emb = input_embeds.to(h.dtype)
         hn = layer.hidden_norm(h)
         x = torch.cat((layer.input_layernorm(emb), hn), dim=-1)
         attn = layer.self_attn
         rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *input_ids.shape, past[0].shape[1])
+        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
         g = (hn if self.opts.norm_before_residual else h) + a
         g = g + layer.mlp(layer.post_attention_layernorm(g))
-        g, presents = _later_layers(self, g, rope, bias, past, input_ids.shape)
+        g, presents = _later_layers(self, g, rope, bias, past, emb.shape[:2])
         if self.opts.norm_output:
             g = self.norm(g)
         return (g, k, v, *presents)
@@ -304,15 +306,24 @@ class Eagle3Head(nn.Module):
 
 
 class DraftStep(nn.Module):
-    """Draft step graph: head forward + log-softmax + top-k (+ draft->target id map) inside the graph."""
+    """Draft step graph: head forward + log-softmax + top-k (+ draft->target id map) inside the graph.
+
+    It takes its tokens' embedding rows, not their ids (contract version 3): the table stays out of the graph,
+    stored once in the artifact, and the runtime gathers the rows (``embed`` does it here, for eager callers).
+    """
 
     def __init__(self, head: nn.Module, top_k: int):
         super().__init__()
         self.head = head
         self.top_k = top_k
 
-    def forward(self, input_ids, features, hidden_in, position_ids, attention_mask, *past):
-        h, *presents = self.head.forward_hidden(input_ids, features, hidden_in, position_ids, attention_mask, *past)
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ``input_embeds`` of these token ids: rows of the head's embedding table (the target's, or its own)."""
+        return self.head.embed_tokens(input_ids)
+
+    def forward(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past):
+        h, *presents = self.head.forward_hidden(input_embeds, features, hidden_in, position_ids, attention_mask,
+                                                *past)
         logp = torch.log_softmax(self.head.logits(h), dim=-1)
         vals, ids = torch.topk(logp, self.top_k, dim=-1)
         return (vals, self.head.map_ids(ids), h, *presents)

@@ -36,6 +36,7 @@ from eagle_export.tree_params import TreeParams
 
 from .backend import Backend
 from .chat import chat_prompt_ids
+from .embedding import TokenEmbedding
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
@@ -119,7 +120,8 @@ class EagleRuntime:
         self._sched_lock = threading.Lock()
         # One set of buffers for max_batch sequences. With max_batch 1, stream/generate run a sequence on it in
         # the caller's thread, under the lock; submit's scheduler thread takes the same lock while it has work.
-        self.generator = Generator(manifest, backend, prefill_chunk, slots=max_batch)
+        self.generator = Generator(manifest, backend, TokenEmbedding.open(directory, manifest), prefill_chunk,
+                                   slots=max_batch)
         self._lock = _OwnedLock()
         self.open_s: float | None = None  # set by open(): seconds it took
 

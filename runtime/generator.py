@@ -46,6 +46,7 @@ from eagle_export.tree_params import TreeParams
 
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
+from .embedding import TokenEmbedding
 from .kv_cache import KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
@@ -132,8 +133,8 @@ class Generator:
 
     step: the smallest rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
 
-    def __init__(self, manifest: Manifest, backend: Backend, prefill_chunk: int = 256, slots: int = 1,
-                 step: int = 16):
+    def __init__(self, manifest: Manifest, backend: Backend, embedding: TokenEmbedding, prefill_chunk: int = 256,
+                 slots: int = 1, step: int = 16):
         if not isinstance(backend, Backend):
             raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
@@ -144,6 +145,7 @@ class Generator:
                 f"--max-batch {slots} or more"
             )
         self.m, self.backend, self.B = manifest, backend, slots
+        self.embedding = embedding  # the draft's input_embeds come from it (contract version 3)
         dev = backend.device
         dtype = torch_dtype(manifest.dtype)
         zeros = backend.zeros
@@ -175,6 +177,7 @@ class Generator:
             "dvals": zeros((1, d_rows, K), torch.float32),
             "dids": zeros((1, d_rows, K), torch.int64),
             "dhidden": zeros((1, d_rows, d.hidden_size), dtype),
+            "dembeds": zeros((1, d_rows, d.hidden_size), dtype),  # the draft's tokens' embedding rows
             "dfeats_in": zeros((1, d_rows, d.feature_dim), dtype),  # context passes
             "dhidden_in": zeros((1, B * K, d.hidden_size), dtype),  # tree levels
         }
@@ -269,7 +272,7 @@ class Generator:
         key = ("d", a, n, feat_rows)
         io = self._io_memo.get(key)
         if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+            ins = {C.INPUT_EMBEDS: self._buf("dembeds", a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.DRAFT_FEATURES: self._buf("dfeats_in", a, feat_rows),
                    C.HIDDEN_IN: self._buf("dhidden_in", a, n - feat_rows)}
             outs = {C.TOPK_LOGPROBS: self._buf("dvals", a, n), C.TOPK_IDS: self._buf("dids", a, n),
@@ -293,6 +296,8 @@ class Generator:
         self.backend.run(C.TARGET_GRAPH, inputs, outputs)
 
     def _run_draft(self, a: int, n: int, feat_rows: int, past: int, base: int = 0) -> None:
+        """The draft over the tokens in ``_ids`` [a, n]: their embedding rows are gathered here, then the call."""
+        self.embedding.gather(self._ids.array[:a * n], self._t["dembeds"][:a * n])
         fixed, outputs = self._draft_io(a, n, feat_rows)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)

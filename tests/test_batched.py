@@ -312,6 +312,7 @@ def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
 
     from eagle_export.engines.builder import BuildOptions, build_engines
     from eagle_export.manifest import load_manifest
+    from eagle_export.runtime.embedding import TokenEmbedding
     from eagle_export.runtime.generator import Generator
     from eagle_export.runtime.scheduler import RequestStream, Scheduler
 
@@ -320,8 +321,9 @@ def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
     m = load_manifest(art)
     assert m.engines.options["max_batch"] == B  # carried from export --max-batch
     be = PlanningBackend(art, m)
-    sched = Scheduler(Generator(m, be, prefill_chunk=16, slots=B))
-    single = Generator(m, PlanningBackend(art, m), prefill_chunk=16)
+    table = TokenEmbedding.open(art, m)
+    sched = Scheduler(Generator(m, be, table, prefill_chunk=16, slots=B))
+    single = Generator(m, PlanningBackend(art, m), table, prefill_chunk=16)
     rng = np.random.default_rng(3)
     reqs = [(rng.integers(3, 48, size=int(rng.integers(1, 30))).tolist(), int(rng.integers(4, 30))) for _ in range(7)]
     tree = TreeParams(top_k=4, depth=3, total_tokens=12)

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from eagle_export import contract as C
 from eagle_export.manifest import load_manifest
+from eagle_export.runtime.embedding import TokenEmbedding
 
 TOL = 1e-4
 
@@ -29,6 +30,11 @@ TOL = 1e-4
 def session(art, graph):
     m = load_manifest(art)
     return m, ort.InferenceSession(str(art / m.graphs[graph].file), providers=["CPUExecutionProvider"])
+
+
+def draft_embeds(art, ids) -> np.ndarray:
+    """The draft's input_embeds for ids, from the artifact's table, as the runtime gathers them."""
+    return TokenEmbedding.open(art, load_manifest(art)).rows(ids).numpy()
 
 
 def target_features(art, ids: list[int]) -> np.ndarray:
@@ -152,7 +158,7 @@ def test_draft_graph_computes_the_reference_head(models, name):
         mask = np.ones((1, new, past_k.shape[1] + new), bool)
         mask[0, :, past_k.shape[1]:] = np.tril(np.ones((new, new), bool))
         vals, tids, hidden, k, v = sess.run(None, {
-            C.INPUT_IDS: ids, C.DRAFT_FEATURES: feed_f, C.HIDDEN_IN: feed_h,
+            C.INPUT_EMBEDS: draft_embeds(art, ids), C.DRAFT_FEATURES: feed_f, C.HIDDEN_IN: feed_h,
             C.POSITION_IDS: pos[-new:].numpy()[None], C.ATTENTION_MASK: mask,
             C.past_key(0): past_k, C.past_value(0): past_v})
         want_vals, want_draft_ids = torch.topk(logp[-new:], K, -1)

@@ -74,8 +74,11 @@ def test_every_point_is_consistent(manifest, opts, graph):
             b, new, total = s[C.ATTENTION_MASK]
             past = s["past_key.0"][1]
             assert total == past + new
-            assert s[C.INPUT_IDS] == s[C.POSITION_IDS] == (b, new)
-            if graph == C.DRAFT_GRAPH:
+            assert s[C.POSITION_IDS] == (b, new)
+            if graph == C.TARGET_GRAPH:
+                assert s[C.INPUT_IDS] == (b, new)
+            else:
+                assert s[C.INPUT_EMBEDS] == (b, new, manifest.draft.hidden_size)
                 assert s[C.DRAFT_FEATURES][1] + s[C.HIDDEN_IN][1] == new
             for a, v in p.axes.items():
                 lo, hi = entry.axes[a]

@@ -23,7 +23,7 @@ import torch
 from cli_run import fail, ok
 from model_table import FORMAT_MODELS
 from safetensors.torch import load_file, save_file
-from test_eagle3 import hf_hidden_states, target_features
+from test_eagle3 import draft_embeds, hf_hidden_states, target_features
 from test_lossless import check_lossless
 from test_oracle import traced
 
@@ -201,7 +201,7 @@ def test_detected_and_draft_graph_equals_the_document(models, name):
         mask = np.ones((1, new, past[0].shape[1] + new), bool)
         mask[0, :, past[0].shape[1]:] = np.tril(np.ones((new, new), bool))
         vals, tids, hidden, *presents = sess.run(None, {
-            C.INPUT_IDS: ids, C.DRAFT_FEATURES: feed_f, C.HIDDEN_IN: feed_h,
+            C.INPUT_EMBEDS: draft_embeds(art, ids), C.DRAFT_FEATURES: feed_f, C.HIDDEN_IN: feed_h,
             C.POSITION_IDS: pos[-new:].numpy()[None], C.ATTENTION_MASK: mask,
             **dict(zip(C.past_names(d.num_layers), past, strict=True))})
         want_vals, want_ids = torch.topk(logp[-new:], K, -1)
@@ -273,7 +273,7 @@ def test_checkpoint_feature_layers_are_used(models, name, tmp_path):
         m, sess = draft_session(a)
         d, n = m.draft, len(prompt)
         empty = np.zeros((1, 0, d.kv_heads, d.head_dim), np.float32)
-        out = sess.run(None, {C.INPUT_IDS: np.array([prompt[1:] + [7]]), C.DRAFT_FEATURES: f,
+        out = sess.run(None, {C.INPUT_EMBEDS: draft_embeds(a, [prompt[1:] + [7]]), C.DRAFT_FEATURES: f,
                               C.HIDDEN_IN: np.zeros((1, 0, d.hidden_size), np.float32),
                               C.POSITION_IDS: np.arange(n)[None],
                               C.ATTENTION_MASK: np.tril(np.ones((n, n), bool))[None],

@@ -16,6 +16,7 @@ from model_table import EAGLE3_MODELS
 from safetensors.torch import load_file, save_file
 
 from eagle_export.errors import CheckpointError
+from eagle_export.export.embedding_table import OWN_TABLE_FILE
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.export.loaders import (
     check_sliding_window,
@@ -26,6 +27,7 @@ from eagle_export.export.loaders import (
 )
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.embedding import TokenEmbedding
 from eagle_export.tools.testing.tiny_models import make_tiny_target
 from eagle_export.tree_params import TreeLimits
 
@@ -78,7 +80,7 @@ def draft_outputs(artifact: Path) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     empty = np.zeros((1, 0, d.kv_heads, d.head_dim), np.float32)
     feeds = {
-        "input_ids": rng.integers(3, m.target.vocab_size, (1, n)),
+        "input_embeds": TokenEmbedding.open(artifact, m).rows(rng.integers(3, m.target.vocab_size, (1, n))).numpy(),
         "features": rng.standard_normal((1, n, d.feature_dim)).astype(np.float32),
         "hidden_in": np.zeros((1, 0, d.hidden_size), np.float32),
         "position_ids": np.arange(n, dtype=np.int64)[None],
@@ -307,6 +309,11 @@ def test_own_embedding_is_used(models):
     assert load_manifest(shared).draft.own_embedding is False
     assert load_manifest(rand).draft.own_embedding is True
     assert load_manifest(copied).draft.own_embedding is True
+    # The draft reads the target's table unless the head's own differs: only the random one is stored (once).
+    tables = {k: load_manifest(a).draft_embedding for k, a in (("shared", shared), ("rand", rand), ("copy", copied))}
+    assert tables["shared"].shared and tables["copy"].shared and tables["shared"] == tables["copy"]
+    assert not tables["rand"].shared and tables["rand"].file == OWN_TABLE_FILE
+    assert not (shared / OWN_TABLE_FILE).exists() and not (copied / OWN_TABLE_FILE).exists()
     # Same seed: every other draft weight is equal, so only the embedding table differs.
     base, r, c = draft_outputs(shared), draft_outputs(rand), draft_outputs(copied)
     assert not np.allclose(base[2], r[2])  # the head's own random table changes the hidden output

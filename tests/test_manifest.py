@@ -108,7 +108,7 @@ def test_eagle3_manifest_fields(artifact3, models):
     assert m.target.feature_dim == m.draft.feature_dim == 3 * 64
     assert (m.draft.vocab_size, m.draft.d2t_identity, m.target.vocab_size) == (32, False, 48)
     spec = m.graphs["draft_step"].spec
-    assert [t.name for t in spec.inputs][:3] == ["input_ids", "features", "hidden_in"]
+    assert [t.name for t in spec.inputs][:3] == ["input_embeds", "features", "hidden_in"]
     preset, kw = EAGLE3_MODELS["qwen2-identity"]
     m2 = load_manifest(models(preset, **kw)[2])
     assert (m2.draft.vocab_size, m2.draft.d2t_identity, m2.target.architecture) == (48, True, "Qwen2ForCausalLM")

@@ -17,6 +17,7 @@ from eagle_export import contract as C
 from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.export.modules import DraftStep, TargetVerify
 from eagle_export.manifest import load_manifest
+from eagle_export.runtime.embedding import TokenEmbedding
 
 TOL = 1e-4
 # (batch, draft rows from features, draft rows from hidden_in, past); the target gets new = both.
@@ -54,6 +55,7 @@ def test_graphs_match_pytorch(models, preset, kw):
     ds = DraftStep(draft.head, m.tree_limits.max_top_k).eval()
     tspec, dspec = m.graphs[C.TARGET_GRAPH].spec, m.graphs[C.DRAFT_GRAPH].spec
     ti, di = m.target, m.draft
+    table = TokenEmbedding.open(art, m)
     rng = np.random.default_rng(0)
     for b, nf, nh, p in SHAPES:
         n = nf + nh
@@ -75,10 +77,14 @@ def test_graphs_match_pytorch(models, preset, kw):
         feats = rng.standard_normal((b, nf, di.feature_dim)).astype(np.float32)
         hidden_in = rng.standard_normal((b, nh, di.hidden_size)).astype(np.float32)
         dpast = [rng.standard_normal((b, p, di.kv_heads, di.head_dim)).astype(np.float32) for _ in range(2)]
-        feeds = dict(zip(dspec.input_names, [ids, feats, hidden_in, pos, mask, *dpast], strict=True))
+        # The graph gets its embedding rows as the runtime gathers them, from the artifact's one table; the module
+        # embeds the ids with the head's own PyTorch embedding: a wrong table, offset or layout shows here.
+        feeds = dict(zip(dspec.input_names, [table.rows(ids).numpy(), feats, hidden_in, pos, mask, *dpast],
+                         strict=True))
         got = sess[C.DRAFT_GRAPH].run(dspec.output_names, feeds)
         with torch.no_grad():
-            want = ds(*[torch.from_numpy(np.asarray(x)) for x in feeds.values()])
+            rest = [torch.from_numpy(np.asarray(x)) for x in list(feeds.values())[1:]]
+            want = ds(ds.embed(torch.from_numpy(ids)), *rest)
         errs = max_errors(got, want, dspec.output_names)
         # Top-k ids may legitimately swap only where log-probs tie; compare values, and ids where not tied.
         ids_err = errs.pop(C.TOPK_IDS)

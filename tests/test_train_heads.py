@@ -43,7 +43,7 @@ def test_unrolled_steps_equal_the_inference_forward(target, tmp_path, variant):
         kv, hd = attn.k_proj.out_features // attn.head_dim, attn.head_dim
         empty_k = torch.zeros(B, 0, kv, hd)
         # Step 0 = the context pass: rows (feature_p, token_{p+1}) at positions p, causal.
-        h0, k0, v0 = head.forward_hidden(ids[:, 1:n + 1], feats[:, :n], torch.zeros(B, 0, H),
+        h0, k0, v0 = head.forward_hidden(head.embed_tokens(ids[:, 1:n + 1]), feats[:, :n], torch.zeros(B, 0, H),
                                          torch.arange(n).expand(B, n), torch.ones(n, n, dtype=torch.bool).tril()
                                          .expand(B, n, n), empty_k, empty_k)
         torch.testing.assert_close(outs[0], h0, rtol=1e-4, atol=1e-5)
@@ -51,7 +51,7 @@ def test_unrolled_steps_equal_the_inference_forward(target, tmp_path, variant):
         for p in (0, 4, n - 1):
             pk, pv, hid = k0[:, :p + 1], v0[:, :p + 1], outs[0][:, p:p + 1]
             for s in range(1, unroll):
-                h, k, v = head.forward_hidden(ids[:, p + 1 + s:p + 2 + s], feats[:, :0], hid,
+                h, k, v = head.forward_hidden(head.embed_tokens(ids[:, p + 1 + s:p + 2 + s]), feats[:, :0], hid,
                                               torch.full((B, 1), p + s), torch.ones(B, 1, pk.shape[1] + 1,
                                                                                     dtype=torch.bool), pk, pv)
                 torch.testing.assert_close(outs[s][:, p:p + 1], h, rtol=1e-4, atol=1e-5)

@@ -22,6 +22,7 @@ from eagle_export.errors import EagleExportError, EngineError, GenerationError
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.backend import Backend
+from eagle_export.runtime.embedding import TokenEmbedding
 from eagle_export.runtime.generator import Generator
 from eagle_export.runtime.ort_backend import OrtBackend
 from eagle_export.runtime.trt_backend import (
@@ -229,7 +230,7 @@ def test_every_step_of_a_generation_is_planned(engines, dtype):
     art = engines(dtype)
     m = load_manifest(art)
     be = PlanningBackend(art, m)
-    gen = Generator(m, be, prefill_chunk=16)
+    gen = Generator(m, be, TokenEmbedding.open(art, m), prefill_chunk=16)
     tree = TreeParams(top_k=4, depth=3, total_tokens=12)
     prompt = [int(x) for x in np.random.default_rng(0).integers(3, 48, size=40)]
     eagle = list(itertools.chain.from_iterable(gen.run(prompt, 20, tree=tree, stop_on_eos=False)))
@@ -280,7 +281,7 @@ def test_generator_checks_the_tree_against_the_engines(engines):
     m = load_manifest(art)
     be = PlanningBackend(art, m)
     be.max_tree_tokens = 8
-    gen = Generator(m, be)
+    gen = Generator(m, be, TokenEmbedding.open(art, m))
     with pytest.raises(GenerationError, match=r"total_tokens=12 needs a verify of 13 tokens, but the engines were "
                                               r"built for at most 8 \(rebuild with a larger --max-tree-tokens\)"):
         gen.run([3, 4, 5], 4, tree=TreeParams(4, 3, 12))
@@ -322,7 +323,8 @@ def test_backends_implement_the_protocol(engines):
     members = [*Backend.__annotations__, *(m for m in vars(Backend) if not m.startswith("_"))]
     assert {"run", "zeros", "to_host", "check_tree", "synchronize", "max_prefill", "host_memory"} <= set(members)
     with pytest.raises(TypeError, match="does not implement runtime.backend.Backend"):
-        Generator(load_manifest(art), SimpleNamespace(name="x", run=lambda *a: None))
+        Generator(load_manifest(art), SimpleNamespace(name="x", run=lambda *a: None),
+                  TokenEmbedding.open(art, load_manifest(art)))
 
 
 def test_no_getattr_on_a_backend_in_runtime():

@@ -306,7 +306,7 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
         g.addresses = [addresses] * len(g.addresses)
     # The draft's first tree level (profile 1) gets the shapes that differ from the context pass, but no address.
     with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): draft_step: no address for "
-                                            r"\['input_ids', 'features'"):
+                                            r"\['input_embeds', 'features'"):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
 
 

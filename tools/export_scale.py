@@ -275,7 +275,8 @@ def child_open(artifact: str, reps: int) -> dict:
         costs[f"verify{n}"] = _best_time(lambda n=n: sessions[C.TARGET_GRAPH].run(None, feeds[n]), reps)
     tree = m.tree_defaults
     rows = tree.top_k
-    dfeed = {C.INPUT_IDS: np.zeros((1, rows), np.int64), C.DRAFT_FEATURES: np.zeros((1, 0, d.feature_dim), np_dtype),
+    dfeed = {C.INPUT_EMBEDS: np.zeros((1, rows, d.hidden_size), np_dtype),
+             C.DRAFT_FEATURES: np.zeros((1, 0, d.feature_dim), np_dtype),
              C.HIDDEN_IN: np.zeros((1, rows, d.hidden_size), np_dtype),
              C.POSITION_IDS: np.full((1, rows), CONTEXT, np.int64),
              C.ATTENTION_MASK: np.ones((1, rows, CONTEXT + rows), bool)}

@@ -123,7 +123,7 @@ def graph_inputs(m, graph: str, new: int, past: int, rows: int, rng) -> dict[str
              C.LOGIT_INDICES: np.arange(new - rows, new)[None]}
         heads, hd, layers = ti.kv_heads, ti.head_dim, ti.num_layers
     else:
-        x = {C.INPUT_IDS: ids,
+        x = {C.INPUT_EMBEDS: rng.standard_normal((1, new, di.hidden_size)).astype(np.float32),
              C.DRAFT_FEATURES: rng.standard_normal((1, new - rows, di.feature_dim)).astype(np.float32),
              C.HIDDEN_IN: rng.standard_normal((1, rows, di.hidden_size)).astype(np.float32),
              C.POSITION_IDS: pos, C.ATTENTION_MASK: mask}
@@ -150,7 +150,7 @@ def run_backend(backend, m, graph: str, x: dict[str, np.ndarray]) -> dict[str, n
             view = buf[:, : a.shape[1]]
             view.copy_(torch.from_numpy(a).to(dt))
             inputs[t.name] = view
-    axes = {C.BATCH: 1, C.NEW_TOKENS: x[C.INPUT_IDS].shape[1]}
+    axes = {C.BATCH: 1, C.NEW_TOKENS: x[C.POSITION_IDS].shape[1]}
     if C.LOGIT_INDICES in x:
         axes[C.LOGIT_ROWS] = x[C.LOGIT_INDICES].shape[1]
     outputs = {t.name: backend.zeros(tuple(axes[d] if isinstance(d, str) else d for d in t.shape),

@@ -150,8 +150,11 @@ def target_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, Order
     return cases
 
 
-def draft_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, OrderedDict]]:
-    """Draft step inputs: context passes and tree levels (random ancestors), cache 0 and near capacity."""
+def draft_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str, OrderedDict]]:
+    """Draft step inputs: context passes and tree levels (random ancestors), cache 0 and near capacity.
+
+    The tokens' input_embeds are rows of ``table`` (the runtime's ``TokenEmbedding``) for random ids, fed to both
+    runners alike; ``check_embedding`` checks the table itself."""
     d, t, S = m.draft, m.target, m.max_seq_len
     lim = m.tree_limits
     names = m.graphs[C.DRAFT_GRAPH].spec.input_names
@@ -161,7 +164,7 @@ def draft_cases(m: Manifest, rng: np.random.Generator) -> list[tuple[str, Ordere
         """Context passes feed target features; tree levels feed the draft's own hidden (contract v2)."""
         hidden_rows = n if tree_level else 0
         feed = OrderedDict(zip(names, [
-            rng.integers(0, t.vocab_size, (1, n)).astype(np.int64),
+            table.rows(rng.integers(0, t.vocab_size, (1, n))).float().numpy().astype(m.dtype),
             rng.standard_normal((1, n - hidden_rows, d.feature_dim)).astype(m.dtype),
             rng.standard_normal((1, hidden_rows, d.hidden_size)).astype(m.dtype),
             np.ascontiguousarray(pos, dtype=np.int64), mask,
@@ -439,6 +442,43 @@ class TokenReport:
 
 
 @dataclass
+class EmbeddingReport:
+    """The table the runtime gathers the draft's input_embeds from, against the reference head's embed_tokens."""
+
+    where: str  # e.g. "target_verify.onnx.data at 1048576, shared with the target"
+    rows: int
+    mismatched_rows: int
+    max_abs: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rows > 0 and self.mismatched_rows == 0
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "where": self.where, "rows": self.rows,
+                "mismatched_rows": self.mismatched_rows, "max_abs": self.max_abs}
+
+
+def check_embedding(table, reference: torch.Tensor, chunk: int = 8192) -> EmbeddingReport:
+    """Every row of the artifact's table (a ``TokenEmbedding``) against the reference's [V, H] weight, cast to the
+    table's dtype: they must be equal (the export cast the same checkpoint values). Compared in chunks of rows."""
+    ref = table.ref
+    where = (f"{ref.file} at byte {ref.offset}, " + ("the target's embedding" if ref.shared else "the head's own")
+             + (", stored transposed" if ref.transposed else ""))
+    if tuple(reference.shape) != (ref.vocab_size, ref.hidden_size):
+        return EmbeddingReport(where + f"; the reference is {list(reference.shape)}", 0, 0, float("inf"))
+    bad, worst = 0, 0.0
+    ids = np.arange(ref.vocab_size)
+    for i in range(0, ref.vocab_size, chunk):
+        got = table.rows(ids[i:i + chunk]).float()
+        want = reference[i:i + chunk].detach().to(table.dtype).float()
+        diff = (got - want).abs()
+        bad += int((diff.amax(dim=1) > 0).sum())
+        worst = max(worst, float(diff.max()))
+    return EmbeddingReport(where, ref.vocab_size, bad, worst)
+
+
+@dataclass
 class ValidationReport:
     artifact: str
     backend: str
@@ -450,11 +490,13 @@ class ValidationReport:
     greedy: TokenReport
     eagle: TokenReport
     tie_gap: float  # logit / log-prob gap below which a first difference is a tie
+    embedding: EmbeddingReport | None = None
     seconds: float = 0.0
 
     @property
     def passed(self) -> bool:
-        return all(g.passed for g in self.graphs.values()) and self.greedy.passed and self.eagle.passed
+        return (all(g.passed for g in self.graphs.values()) and self.greedy.passed and self.eagle.passed
+                and (self.embedding is None or self.embedding.passed))
 
     def to_dict(self) -> dict:
         return {
@@ -462,6 +504,7 @@ class ValidationReport:
             "reference": {"target": self.target_source, "draft": self.draft_source, "dtype": "float32",
                           "modules": {C.TARGET_GRAPH: "TargetVerify", C.DRAFT_GRAPH: "DraftStep"}},
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
+            "draft_embedding": None if self.embedding is None else self.embedding.to_dict(),
             "greedy_vs_transformers": self.greedy.to_dict(),
             "eagle_vs_oracle": {**self.eagle.to_dict(), "tree": self.tree},
             "tie_gap": self.tie_gap, "seconds": round(self.seconds, 2),
@@ -486,6 +529,12 @@ class ValidationReport:
                              + (f" ({o.note})" if o.note else ""))
             if g.divergence:
                 lines.append(f"  first divergent layer: {g.divergence['summary']}")
+            lines.append("")
+        if self.embedding is not None:
+            e = self.embedding
+            lines.append(f"draft embedding table ({e.where}): {ok[e.passed]} ({e.rows} rows compared with the "
+                         f"reference's embed_tokens at {self.dtype}, exact: {e.mismatched_rows} differ, worst abs "
+                         f"{e.max_abs:.2e})")
             lines.append("")
         for r, title in ((self.greedy, "greedy tokens vs transformers generate"),
                          (self.eagle, f"EAGLE rounds vs PyTorch oracle (tree {self.tree})")):
@@ -796,14 +845,16 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     graphs = {}
     log("comparing target_verify")
     tv = TargetVerify(tgt.model, d.feature_layers).eval()
+    log("comparing the draft's embedding table")
+    embedding = check_embedding(rt.generator.embedding, head.embed_tokens.weight)
     graphs[C.TARGET_GRAPH] = check_graph(directory, m, C.TARGET_GRAPH, tv, target_cases(m, rng), tv.layers,
                                          runner_cls, embed=tv.embed_tokens)
     log("comparing draft_step")
     ds = DraftStep(head, m.tree_limits.max_top_k).eval()
     graphs[C.DRAFT_GRAPH] = check_graph(
-        directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng), None if eagle3 else head.layers, runner_cls,
-        embed=head.embed_tokens, fc=head.fc, full_logprobs=lambda hidden: _target_logprobs(head, hidden, m),
-        head3=head if eagle3 else None)
+        directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng, rt.generator.embedding),
+        None if eagle3 else head.layers, runner_cls, fc=head.fc,
+        full_logprobs=lambda hidden: _target_logprobs(head, hidden, m), head3=head if eagle3 else None)
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
     tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
@@ -818,7 +869,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     else:
         greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
     return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
-                            m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap,
+                            m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap, embedding,
                             seconds=time.perf_counter() - t0)
 
 

@@ -1,0 +1,72 @@
+"""The draft's input embeddings, gathered on the host from the artifact's one copy of the table.
+
+Contract version 3: the draft step graph takes its tokens' embedding rows (``input_embeds``), not their ids, so
+the table is not copied into the draft graph (nor into a draft engine). It is the target's embedding, in the
+target graph's data file, or a head's own table in a file of its own; the manifest's ``draft_embedding`` says
+where. ``TokenEmbedding`` maps that region read-only: opening costs no memory, and each token looked up pulls in
+only the pages of its row (its column, for a tied table stored transposed), pages the target's own session has
+mapped from the same file anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eagle_export.dtypes import DTYPES
+from eagle_export.errors import ManifestError
+from eagle_export.manifest import Manifest, TableRef
+
+log = logging.getLogger(__name__)
+
+
+class TokenEmbedding:
+    """Rows of one embedding table, looked up by token id (``gather``) into a buffer the caller owns."""
+
+    def __init__(self, directory: str | Path, ref: TableRef):
+        self.ref = ref
+        path = Path(directory) / ref.file
+        dt = DTYPES[ref.dtype]
+        storage = np.uint16 if dt.numpy is None else dt.numpy  # bfloat16: its bits, viewed as bfloat16 by torch
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise ManifestError(f"{path}: the draft's embedding table is missing ({e}): re-export") from None
+        if ref.offset + ref.nbytes > size:
+            raise ManifestError(f"{path} holds {size} bytes, too few for the draft's embedding table "
+                                f"({ref.nbytes} bytes at offset {ref.offset}; truncated?): re-export")
+        if ref.offset % dt.itemsize:  # an unaligned table (small graphs' data files): read a copy
+            raw = np.fromfile(path, dtype=np.uint8, count=ref.nbytes, offset=ref.offset).view(storage)
+            table = raw.reshape(ref.shape)
+        else:
+            # Copy-on-write: a writable array (torch wants one) whose pages stay the file's; nothing writes them.
+            table = np.memmap(path, dtype=storage, mode="c", offset=ref.offset, shape=ref.shape)
+        t = torch.from_numpy(table)
+        self.table = t.view(torch.bfloat16) if dt.numpy is None else t
+        self.vocab_size, self.hidden_size = ref.vocab_size, ref.hidden_size
+        self.dtype = self.table.dtype
+
+    @classmethod
+    def open(cls, directory: str | Path, manifest: Manifest) -> TokenEmbedding:
+        return cls(directory, manifest.draft_embedding)
+
+    def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+        """out[i] = row ids[i] of the table. ids: int64 token ids (any shape, flattened); out: [len(ids), H] on
+        any device (a device buffer is filled from a host gather)."""
+        idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1))
+        if self.ref.transposed:
+            rows = self.table.index_select(1, idx).t()
+        elif out.device.type == "cpu":
+            return torch.index_select(self.table, 0, idx, out=out)
+        else:
+            rows = self.table.index_select(0, idx)
+        return out.copy_(rows)
+
+    def rows(self, ids) -> torch.Tensor:
+        """A new [..., H] tensor of the rows of ``ids`` (tests, validate, tools)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = torch.empty((ids.size, self.hidden_size), dtype=self.dtype)
+        return self.gather(ids, out).reshape(*ids.shape, self.hidden_size)
