@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from types import MappingProxyType
@@ -16,6 +17,8 @@ from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
 from .views import BufferView, view_of
+
+log = logging.getLogger(__name__)
 
 
 class OrtGraph:
@@ -134,6 +137,12 @@ class OrtBackend:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
+        if self.device == "cpu" and manifest.dtype == "float16":
+            # Measured in docs/scale.md ("Opening an artifact on ONNX Runtime CPU"): 2.09x the weights at 1B.
+            log.warning("%s holds float16 graphs: ONNX Runtime's CPU provider converts their MatMul weights to "
+                        "float32 when it loads them (it has no float16 MatMul on most x86 CPUs), so they take about "
+                        "twice the artifact's weights in memory and run no faster than fp32; export with --dtype fp32 "
+                        "for the CPU, fp16 for GPUs", directory)
         self.host_memory = self.device == "cpu"
         self.last_exec_s: float | None = 0.0
         self.graphs = {

@@ -12,12 +12,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 import safetensors
+import torch
 
 from eagle_export import contract as C
 from eagle_export.errors import CheckpointError
 from eagle_export.export.exporter import ExportOptions, export_with_report
 from eagle_export.manifest import MANIFEST_NAME, load_manifest
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.embedding import TokenEmbedding
 from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 
 LEAN = 0  # lean_threshold_bytes: every safetensors target takes the lean path
@@ -25,13 +27,19 @@ IN_MEMORY = 1 << 60
 
 
 @pytest.fixture
-def tmpdir_env(tmp_path, monkeypatch) -> Path:
-    """TMPDIR (and tempfile's cached choice) pointed at an empty folder of the test's own."""
-    d = tmp_path / "TMPDIR"
-    d.mkdir()
-    monkeypatch.setenv("TMPDIR", str(d))
-    monkeypatch.setattr(tempfile, "tempdir", str(d))
-    return d
+def tmpdir_env(tmp_path, monkeypatch):
+    """A function that points TMPDIR (and tempfile's cached choice) at an empty folder of the test's own, and
+    returns it. Called after the tiny models are made: libraries' first-use caches (torch's inductor folder,
+    ONNX Runtime's session file) land in TMPDIR when they are first touched, and are not the export's doing."""
+
+    def isolate() -> Path:
+        d = tmp_path / "TMPDIR"
+        d.mkdir()
+        monkeypatch.setenv("TMPDIR", str(d))
+        monkeypatch.setattr(tempfile, "tempdir", str(d))
+        return d
+
+    return isolate
 
 
 def _export(target, draft, out, threshold, dtype="fp32", **kw):
@@ -71,6 +79,23 @@ def _target_outputs(art: Path, n: int = 5, past: int = 3) -> list[np.ndarray]:
     return sess.run(None, feed)
 
 
+def _draft_outputs(art: Path, n: int = 5) -> list[np.ndarray]:
+    """Every output of the artifact's draft graph on one context pass, its input_embeds gathered by the runtime's
+    TokenEmbedding from the artifact's table (a tied lean target stores it transposed, the in-memory path not)."""
+    m = load_manifest(art)
+    d = m.draft
+    rng = np.random.default_rng(1)
+    dt = np.dtype(m.dtype)
+    feed = {C.INPUT_EMBEDS: TokenEmbedding.open(art, m).rows(rng.integers(0, m.target.vocab_size, (1, n))).numpy(),
+            C.DRAFT_FEATURES: rng.standard_normal((1, n, d.feature_dim)).astype(dt),
+            C.HIDDEN_IN: np.zeros((1, 0, d.hidden_size), dt), C.POSITION_IDS: np.arange(n)[None],
+            C.ATTENTION_MASK: np.tril(np.ones((n, n), bool))[None]}
+    for name in C.past_names(d.num_layers):
+        feed[name] = np.zeros((1, 0, d.kv_heads, d.head_dim), dt)
+    sess = ort.InferenceSession(str(art / f"{C.DRAFT_GRAPH}.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)
+
+
 @pytest.mark.parametrize("preset,eagle3,dtype", [("tied", False, "fp32"), ("gqa", True, "fp16")])
 def test_lean_export_equals_in_memory_export(tmp_path, preset, eagle3, dtype):
     """Same graph outputs and the same greedy tokens (EAGLE and no-draft) from a sharded checkpoint streamed
@@ -84,6 +109,11 @@ def test_lean_export_equals_in_memory_export(tmp_path, preset, eagle3, dtype):
     assert (ref.lean, lean.lean) == (False, True)
     tol = 1e-5 if dtype == "fp32" else 2e-3
     for a, b in zip(_target_outputs(ref.path), _target_outputs(lean.path), strict=True):
+        np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
+    # The draft graph too, fed from each artifact's own table: transposed on the lean tied path, [V, H] in memory.
+    tables = [load_manifest(a).draft_embedding for a in (ref.path, lean.path)]
+    assert [t.transposed for t in tables] == [False, preset == "tied"] and all(t.shared for t in tables)
+    for a, b in zip(_draft_outputs(ref.path), _draft_outputs(lean.path), strict=True):
         np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
     runs = []
     for art in (ref.path, lean.path):
@@ -101,6 +131,7 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
     target = make_tiny_target(tmp_path / "t", "tied", with_tokenizer=True, vocab_size=300)
     draft = make_tiny_draft(tmp_path / "d", target, seed=1, fc_bias=True)
     out = tmp_path / "out" / "art"
+    tmpdir_env = tmpdir_env()
     rep = _export(target, draft, out, LEAN)
     assert rep.lean
     m = load_manifest(out)
@@ -125,6 +156,17 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
         ckpt = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys()) * 4  # fp32, as exported
     data = (out / "target_verify.onnx.data").stat().st_size
     assert ckpt <= data < ckpt * 1.02 + 64 * 1024
+    # The draft reads that one table (no lookup of a copy in its graph; its one [V, H] initializer is the EAGLE-1/2
+    # head's lm_head, kept on purpose: docs/scale.md): every row the runtime gathers is the checkpoint's.
+    draft = onnx.load(str(out / "draft_step.onnx"), load_external_data=False).graph
+    tables = {t.name for t in draft.initializer if mcfg.vocab_size in t.dims}
+    assert len(tables) == 1 and not [n for n in draft.node if n.op_type == "Gather" and n.input[0] in tables]
+    ref = m.draft_embedding
+    assert (ref.file, ref.shared, ref.transposed) == ("target_verify.onnx.data", True, True)
+    with safetensors.safe_open(str(target / "model.safetensors"), "pt") as f:
+        want = f.get_tensor("model.embed_tokens.weight")
+    got = TokenEmbedding.open(out, m).rows(np.arange(mcfg.vocab_size))
+    assert torch.equal(got, want)
 
 
 def test_lean_export_failing_halfway_leaves_nothing(tmp_path, tmpdir_env, monkeypatch):
@@ -133,6 +175,7 @@ def test_lean_export_failing_halfway_leaves_nothing(tmp_path, tmpdir_env, monkey
     target = make_tiny_target(tmp_path / "t", "mha", with_tokenizer=False, vocab_size=48)
     draft = make_tiny_draft(tmp_path / "d", target, seed=1, fc_bias=True)
     out = tmp_path / "out" / "art"
+    tmpdir_env = tmpdir_env()
     _export(target, draft, out, LEAN)
     before = {f.name: f.read_bytes() for f in out.iterdir()}
 

@@ -101,3 +101,18 @@ def test_a_read_only_outputs_mapping_seen_last_run_is_not_rechecked(graph, monke
     assert calls == [] and graph._same_outputs is None
     with pytest.raises(ValueError, match="exactly the graph's inputs"):
         graph.run({"x": x, "w": y}, outs)  # right count, a name the graph lacks
+
+
+def test_fp16_on_the_cpu_says_what_it_costs(models, caplog):
+    """Opening fp16 graphs on the CPU provider warns that their weights become float32 (twice the memory) and says
+    to export fp32 for the CPU; fp32 graphs open without it."""
+    from eagle_export.manifest import load_manifest
+    from eagle_export.runtime.ort_backend import OrtBackend
+
+    for dtype, warned in (("fp16", True), ("fp32", False)):
+        _, _, art = models("mha", dtype=dtype)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="eagle_export.runtime.ort_backend"):
+            OrtBackend(art, load_manifest(art), threads=1)
+        text = " ".join(r.getMessage() for r in caplog.records)
+        assert ("--dtype fp32 for the CPU" in text and "twice" in text) is warned, text

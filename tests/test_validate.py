@@ -194,6 +194,37 @@ def test_perturbed_draft_weight_names_the_layer(models, tmp_path):
     assert out["greedy_vs_transformers"]["skipped"] is True
 
 
+def test_draft_embedding_table_is_checked_row_by_row(models, tmp_path):
+    """Planted: the manifest points the draft's table one row off (an exporter that records a wrong offset), and a
+    head's own table with one row changed. Every graph still passes (both runners get the same input_embeds), but
+    the table check fails, counting the rows that differ."""
+    _, _, art = models("mha")
+    good = validate(art, prompts=0)
+    assert good.embedding.passed and good.embedding.rows == load_manifest(art).target.vocab_size
+    assert "draft embedding table (target_verify.onnx.data" in good.format()
+    shifted = shutil.copytree(art, tmp_path / "shifted")
+    raw = json.loads((shifted / MANIFEST_NAME).read_text())
+    e = raw["draft_embedding"]
+    row = e["hidden_size"] * 4
+    e["offset"] += -row if e["offset"] >= row else row
+    (shifted / MANIFEST_NAME).write_text(json.dumps(raw))
+    r = validate(shifted, prompts=0)
+    assert all(g.passed for g in r.graphs.values()) and not r.passed
+    assert r.embedding.mismatched_rows == r.embedding.rows > 0 and "RESULT: FAIL" in r.format()
+
+    _, _, own = models("mha", own_embedding="random")
+    edited = shutil.copytree(own, tmp_path / "own")
+    ref = load_manifest(edited).draft_embedding
+    assert not ref.shared
+    table = np.memmap(edited / ref.file, dtype=np.float32, mode="r+", shape=(ref.vocab_size, ref.hidden_size))
+    table[7] += 0.5
+    table.flush()
+    del table
+    r = validate(edited, prompts=0)
+    assert r.embedding.mismatched_rows == 1 and r.embedding.max_abs == pytest.approx(0.5) and not r.passed
+    assert "the head's own" in r.format()
+
+
 # ---- bad requests --------------------------------------------------------------------------------
 
 
