@@ -63,22 +63,20 @@ class TableRef:
     """Where the draft's token-embedding table lies in the artifact: raw, C-ordered bytes in one of its files.
 
     Written by the exporter, read by ``runtime/embedding.py``, which gathers the draft's ``input_embeds`` from it
-    (contract version 3). ``shared``: the table is the target's embedding in the target graph's data file (the
-    artifact stores it once); otherwise the head brought its own, different one, in a file of its own.
-    ``transposed``: stored [hidden, vocab] (a tied embedding / lm_head kept once, in the lm_head's layout), else
-    [vocab, hidden]."""
+    (contract version 3): ``vocab_size`` rows of ``hidden_size`` elements. ``shared``: the table is the target's
+    embedding in the target graph's data file (the artifact stores it once); otherwise the head brought its own,
+    different one, in a file of its own."""
 
     file: str
     offset: int
     vocab_size: int
     hidden_size: int
     dtype: str
-    transposed: bool
     shared: bool
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.hidden_size, self.vocab_size) if self.transposed else (self.vocab_size, self.hidden_size)
+        return (self.vocab_size, self.hidden_size)
 
     @property
     def nbytes(self) -> int:

@@ -26,7 +26,7 @@ _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "fl
 
 
 def locate_target_embedding(graph_path: Path) -> TableRef:
-    """The table of the target graph's one ``Gather`` over ``input_ids``: its data file, offset, layout and type.
+    """The table of the target graph's one ``Gather`` over ``input_ids``: its data file, offset, shape and type.
 
     The graph is read without its data. Raises EagleExportError when the table is not one external initializer
     (a graph this exporter did not write)."""
@@ -42,14 +42,12 @@ def locate_target_embedding(graph_path: Path) -> TableRef:
     table = inits[node.input[0]]
     where = {e.key: e.value for e in table.external_data}
     if table.data_location != onnx.TensorProto.EXTERNAL or "location" not in where or len(table.dims) != 2 \
-            or axis not in (0, 1) or table.data_type not in _ONNX_DTYPES:
-        raise EagleExportError(f"{graph_path.name}: the embedding table {table.name!r} is not a 2-D float initializer "
-                               "in the graph's data file")
-    dtype = _ONNX_DTYPES[table.data_type]
-    rows, cols = table.dims
-    vocab, hidden = (cols, rows) if axis == 1 else (rows, cols)
+            or axis != 0 or table.data_type not in _ONNX_DTYPES:
+        raise EagleExportError(f"{graph_path.name}: the embedding table {table.name!r} is not a row-major 2-D float "
+                               "initializer in the graph's data file")
+    vocab, hidden = table.dims
     ref = TableRef(file=where["location"], offset=int(where.get("offset", 0)), vocab_size=int(vocab),
-                   hidden_size=int(hidden), dtype=dtype, transposed=axis == 1, shared=True)
+                   hidden_size=int(hidden), dtype=_ONNX_DTYPES[table.data_type], shared=True)
     length = int(where.get("length", ref.nbytes))
     if length != ref.nbytes:
         raise EagleExportError(f"{graph_path.name}: the embedding table {table.name!r} holds {length} bytes, "
@@ -66,4 +64,4 @@ def write_own_table(directory: Path, weight: torch.Tensor) -> TableRef:
     name = dtype_name(w.dtype)
     assert DTYPES[name].itemsize == w.element_size()
     return TableRef(file=OWN_TABLE_FILE, offset=0, vocab_size=int(w.shape[0]), hidden_size=int(w.shape[1]),
-                    dtype=name, transposed=False, shared=False)
+                    dtype=name, shared=False)

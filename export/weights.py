@@ -19,7 +19,6 @@ from pathlib import Path
 
 import onnx
 import torch
-from onnx import helper
 
 from eagle_export.errors import CheckpointError
 
@@ -204,13 +203,6 @@ def _perm(node: onnx.NodeProto) -> list[int] | None:
     return None
 
 
-def _axis(node: onnx.NodeProto) -> int:
-    for a in node.attribute:
-        if a.name == "axis":
-            return a.i
-    return 0
-
-
 @dataclass
 class _Plan:
     name: str
@@ -219,37 +211,28 @@ class _Plan:
 
 
 def _plan(graph: onnx.GraphProto, sources: dict[str, Source]) -> tuple[list[_Plan], list[onnx.NodeProto]]:
-    """Decide each weight's stored layout and rewrite the nodes around it (Transposes of it dropped, Gathers
-    of a transposed table made to read along axis 1 and transpose their small result back)."""
+    """Decide each weight's stored layout and rewrite the nodes around it: a weight only ever read through a
+    ``Transpose`` (every ``nn.Linear``) is stored transposed and the Transposes are dropped. A weight read both
+    plain and transposed (a tied embedding / lm_head) is stored once as it is, ``[V, H]``, and keeps its
+    Transpose: ONNX Runtime folds it into the lm_head's pre-packed weight, and the table stays row-major for the
+    ``Gather``s (the target's, and the runtime's gather of the draft's ``input_embeds``). Storing it ``[H, V]``
+    instead held the table twice when open (measured: docs/scale.md)."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for x in node.input:
             consumers.setdefault(x, []).append(node)
-    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
     weights = [i.name for i in graph.input if i.name in sources]
     renamed: dict[str, str] = {}
     dropped: set[int] = set()
-    after: dict[int, onnx.NodeProto] = {}  # id(node) -> node to insert right after it
     plans = []
     for name in weights:
         uses = consumers.get(name, [])
         flips = [n for n in uses if n.op_type == "Transpose" and _perm(n) == [1, 0]]
-        gathers = [n for n in uses if n.op_type == "Gather" and n.input[0] == name and _axis(n) == 0
-                   and n.input[1] in ranks and n.input[1] not in sources]
-        others = [n for n in uses if not any(n is m for m in (*flips, *gathers))]
-        transposed = bool(flips) and not others and len(sources[name].shape) == 2
+        transposed = bool(flips) and len(flips) == len(uses) and len(sources[name].shape) == 2
         if transposed:
             for n in flips:
                 renamed[n.output[0]] = name
                 dropped.add(id(n))
-            for n in gathers:  # table^T [H, V] gathered on axis 1: [H, *ids], then back to [*ids, H]
-                r = ranks[n.input[1]]
-                out = n.output[0]
-                n.output[0] = out + "_by_column"
-                del n.attribute[:]
-                n.attribute.append(helper.make_attribute("axis", 1))
-                after[id(n)] = helper.make_node("Transpose", [n.output[0]], [out], name=(n.name or out) + "_back",
-                                                perm=[*range(1, r + 1), 0])
         plans.append(_Plan(name, sources[name], transposed))
     nodes = []
     for node in graph.node:
@@ -259,8 +242,6 @@ def _plan(graph: onnx.GraphProto, sources: dict[str, Source]) -> tuple[list[_Pla
             if x in renamed:
                 node.input[i] = renamed[x]
         nodes.append(node)
-        if id(node) in after:
-            nodes.append(after[id(node)])
     return plans, nodes
 
 

@@ -4,8 +4,10 @@ Contract version 3: the draft step graph takes its tokens' embedding rows (``inp
 the table is not copied into the draft graph (nor into a draft engine). It is the target's embedding, in the
 target graph's data file, or a head's own table in a file of its own; the manifest's ``draft_embedding`` says
 where. ``TokenEmbedding`` maps that region read-only: opening costs no memory, and each token looked up pulls in
-only the pages of its row (its column, for a tied table stored transposed), pages the target's own session has
-mapped from the same file anyway.
+only the pages around its row, pages the target's own session has
+mapped from the same file anyway (the kernel maps a whole page-cache folio per fault, about 1.5 MB here, so
+the process's RSS grows by that per distinct token until the table is mapped; the pages are the page cache's,
+counted once by the memory cgroup).
 """
 
 from __future__ import annotations
@@ -57,13 +59,9 @@ class TokenEmbedding:
         """out[i] = row ids[i] of the table. ids: int64 token ids (any shape, flattened); out: [len(ids), H] on
         any device (a device buffer is filled from a host gather)."""
         idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1))
-        if self.ref.transposed:
-            rows = self.table.index_select(1, idx).t()
-        elif out.device.type == "cpu":
+        if out.device.type == "cpu":
             return torch.index_select(self.table, 0, idx, out=out)
-        else:
-            rows = self.table.index_select(0, idx)
-        return out.copy_(rows)
+        return out.copy_(self.table.index_select(0, idx))
 
     def rows(self, ids) -> torch.Tensor:
         """A new [..., H] tensor of the rows of ``ids`` (tests, validate, tools)."""

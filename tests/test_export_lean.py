@@ -81,7 +81,7 @@ def _target_outputs(art: Path, n: int = 5, past: int = 3) -> list[np.ndarray]:
 
 def _draft_outputs(art: Path, n: int = 5) -> list[np.ndarray]:
     """Every output of the artifact's draft graph on one context pass, its input_embeds gathered by the runtime's
-    TokenEmbedding from the artifact's table (a tied lean target stores it transposed, the in-memory path not)."""
+    TokenEmbedding from the artifact's table."""
     m = load_manifest(art)
     d = m.draft
     rng = np.random.default_rng(1)
@@ -110,9 +110,9 @@ def test_lean_export_equals_in_memory_export(tmp_path, preset, eagle3, dtype):
     tol = 1e-5 if dtype == "fp32" else 2e-3
     for a, b in zip(_target_outputs(ref.path), _target_outputs(lean.path), strict=True):
         np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
-    # The draft graph too, fed from each artifact's own table: transposed on the lean tied path, [V, H] in memory.
+    # The draft graph too, fed from each artifact's own table (the target's, in each target graph's data file).
     tables = [load_manifest(a).draft_embedding for a in (ref.path, lean.path)]
-    assert [t.transposed for t in tables] == [False, preset == "tied"] and all(t.shared for t in tables)
+    assert all(t.shared and t.file == "target_verify.onnx.data" for t in tables)
     for a, b in zip(_draft_outputs(ref.path), _draft_outputs(lean.path), strict=True):
         np.testing.assert_allclose(b.astype(np.float32), a.astype(np.float32), rtol=tol, atol=tol)
     runs = []
@@ -152,6 +152,7 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
     mcfg = m.target
     big = [t for t in _initializers(out / "target_verify.onnx") if mcfg.vocab_size in t.dims]
     assert len(big) == 1, [(t.name, list(t.dims)) for t in big]
+    assert list(big[0].dims) == [mcfg.vocab_size, mcfg.hidden_size]  # row-major, as its Gathers read it
     with safetensors.safe_open(str(target / "model.safetensors"), "pt") as f:
         ckpt = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys()) * 4  # fp32, as exported
     data = (out / "target_verify.onnx.data").stat().st_size
@@ -162,7 +163,7 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
     tables = {t.name for t in draft.initializer if mcfg.vocab_size in t.dims}
     assert len(tables) == 1 and not [n for n in draft.node if n.op_type == "Gather" and n.input[0] in tables]
     ref = m.draft_embedding
-    assert (ref.file, ref.shared, ref.transposed) == ("target_verify.onnx.data", True, True)
+    assert (ref.file, ref.shared) == ("target_verify.onnx.data", True)
     with safetensors.safe_open(str(target / "model.safetensors"), "pt") as f:
         want = f.get_tensor("model.embed_tokens.weight")
     got = TokenEmbedding.open(out, m).rows(np.arange(mcfg.vocab_size))

@@ -79,6 +79,17 @@ def test_contract_version_changed(copy):
     broken(copy, f"contract version {CONTRACT_VERSION + 1}", f"speaks {CONTRACT_VERSION}", "re-export")
 
 
+def test_draft_embedding_outside_its_file(copy):
+    """A table that would run past the end of its file, or names a file the artifact does not list, is refused at
+    load (the runtime would otherwise read the wrong bytes)."""
+    edit_manifest(copy, lambda m: m["draft_embedding"].update(offset=m["files"][m["draft_embedding"]["file"]]))
+    broken(copy, "draft_embedding", "runs past the end of target_verify.onnx.data", "re-export")
+    edit_manifest(copy, lambda m: m["draft_embedding"].update(offset=0, file="elsewhere.bin"))
+    broken(copy, "draft_embedding names file 'elsewhere.bin'", "does not list")
+    edit_manifest(copy, lambda m: m["draft_embedding"].update(file="target_verify.onnx.data", hidden_size=3))
+    broken(copy, "draft_embedding is a", "x 3", "rows")
+
+
 def test_missing_field(copy):
     edit_manifest(copy, lambda m: m.pop("target"))
     broken(copy, "malformed", "'target'", "re-export")

@@ -463,8 +463,7 @@ def check_embedding(table, reference: torch.Tensor, chunk: int = 8192) -> Embedd
     """Every row of the artifact's table (a ``TokenEmbedding``) against the reference's [V, H] weight, cast to the
     table's dtype: they must be equal (the export cast the same checkpoint values). Compared in chunks of rows."""
     ref = table.ref
-    where = (f"{ref.file} at byte {ref.offset}, " + ("the target's embedding" if ref.shared else "the head's own")
-             + (", stored transposed" if ref.transposed else ""))
+    where = f"{ref.file} at byte {ref.offset}, " + ("the target's embedding" if ref.shared else "the head's own")
     if tuple(reference.shape) != (ref.vocab_size, ref.hidden_size):
         return EmbeddingReport(where + f"; the reference is {list(reference.shape)}", 0, 0, float("inf"))
     bad, worst = 0, 0.0
