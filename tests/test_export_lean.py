@@ -202,3 +202,26 @@ def test_lean_export_failing_halfway_leaves_nothing(tmp_path, tmpdir_env, monkey
         _export(target, draft, tmp_path / "out" / "other", LEAN)
     assert sorted(p.name for p in out.parent.iterdir()) == ["art"]
     assert list(tmpdir_env.iterdir()) == []
+
+
+def test_lean_export_shares_or_stores_a_heads_own_embedding(tmp_path):
+    """On the lean path (the target never loaded), a head's embed_tokens equal to the target's (read from the
+    checkpoint to compare) shares the target's table; a different one is stored once, in its own file, and is
+    what the runtime gathers."""
+    target = make_tiny_target(tmp_path / "t", "mha", with_tokenizer=False, vocab_size=48)
+    with safetensors.safe_open(str(target / "model.safetensors"), "pt") as f:
+        target_table = f.get_tensor("model.embed_tokens.weight")
+    for kind in ("copy", "random"):
+        draft = make_tiny_draft(tmp_path / f"d_{kind}", target, seed=1, own_embedding=kind)
+        rep = _export(target, draft, tmp_path / kind, LEAN)
+        m = load_manifest(rep.path)
+        ref = m.draft_embedding
+        rows = TokenEmbedding.open(rep.path, m).rows(np.arange(m.target.vocab_size))
+        if kind == "copy":
+            assert ref.shared and ref.file == "target_verify.onnx.data" and torch.equal(rows, target_table)
+            assert "draft_embed_tokens.bin" not in m.files
+        else:
+            with safetensors.safe_open(str(draft / "model.safetensors"), "pt") as f:
+                own = f.get_tensor("embed_tokens.weight")
+            assert not ref.shared and ref.file == "draft_embed_tokens.bin" in m.files
+            assert torch.equal(rows, own) and not torch.equal(rows, target_table)
