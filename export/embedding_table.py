@@ -14,7 +14,7 @@ import onnx
 import torch
 
 from eagle_export import contract as C
-from eagle_export.dtypes import DTYPES, dtype_name
+from eagle_export.dtypes import dtype_name
 from eagle_export.errors import EagleExportError
 from eagle_export.manifest import TableRef
 
@@ -61,7 +61,5 @@ def write_own_table(directory: Path, weight: torch.Tensor) -> TableRef:
     path = Path(directory) / OWN_TABLE_FILE
     with open(path, "wb") as f:
         f.write(memoryview(w.view(torch.uint8).numpy()))
-    name = dtype_name(w.dtype)
-    assert DTYPES[name].itemsize == w.element_size()
     return TableRef(file=OWN_TABLE_FILE, offset=0, vocab_size=int(w.shape[0]), hidden_size=int(w.shape[1]),
-                    dtype=name, shared=False)
+                    dtype=dtype_name(w.dtype), shared=False)

@@ -7,7 +7,7 @@ and takes seconds. ``externalize`` then turns each weight input into an initiali
 the checkpoint (or, for the small draft head, from memory) one tensor at a time, cast to the graph's dtype,
 transposed when the graph only ever uses it transposed (what ``torch.onnx``'s constant folding does for
 ``nn.Linear``), and appended to the graph's one data file. A tensor used both plain and transposed (a tied
-embedding / lm_head) is stored once, transposed, and its ``Gather`` reads along the other axis.
+embedding / lm_head) is stored once, as it is, and keeps its ``Transpose`` (see ``_plan``).
 """
 
 from __future__ import annotations

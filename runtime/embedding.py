@@ -4,15 +4,13 @@ Contract version 3: the draft step graph takes its tokens' embedding rows (``inp
 the table is not copied into the draft graph (nor into a draft engine). It is the target's embedding, in the
 target graph's data file, or a head's own table in a file of its own; the manifest's ``draft_embedding`` says
 where. ``TokenEmbedding`` maps that region read-only: opening costs no memory, and each token looked up pulls in
-only the pages around its row, pages the target's own session has
-mapped from the same file anyway (the kernel maps a whole page-cache folio per fault, about 1.5 MB here, so
-the process's RSS grows by that per distinct token until the table is mapped; the pages are the page cache's,
-counted once by the memory cgroup).
+only the pages around its row, pages the target's own session maps from the same file anyway. (The kernel maps
+a whole page-cache folio per fault, about 1.5 MB on this project's machine, so the process's RSS grows by that
+per distinct token until the table is mapped; the pages are the page cache's, counted once by the cgroup.)
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +19,6 @@ import torch
 from eagle_export.dtypes import DTYPES
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest, TableRef
-
-log = logging.getLogger(__name__)
 
 
 class TokenEmbedding:

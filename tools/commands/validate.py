@@ -445,7 +445,7 @@ class TokenReport:
 class EmbeddingReport:
     """The table the runtime gathers the draft's input_embeds from, against the reference head's embed_tokens."""
 
-    where: str  # e.g. "target_verify.onnx.data at 1048576, shared with the target"
+    where: str  # e.g. "target_verify.onnx.data at byte 1048576, the target's embedding"
     rows: int
     mismatched_rows: int
     max_abs: float
