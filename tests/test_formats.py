@@ -23,7 +23,7 @@ import torch
 from cli_run import fail, ok
 from model_table import FORMAT_MODELS
 from safetensors.torch import load_file, save_file
-from test_eagle3 import draft_embeds, hf_hidden_states, target_features
+from test_eagle3 import draft_embeds, hf_hidden_states, rms, rope, target_features
 from test_lossless import check_lossless
 from test_oracle import traced
 
@@ -44,20 +44,7 @@ def model(models, name):
     return models(preset, **kw)
 
 
-# ---- each format's forward, from the document ------------------------------------------------------------
-
-
-def rms(x, w, eps):
-    return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
-
-
-def rope(x, pos, theta):
-    """x [T, heads, hd] at positions pos [T]: default RoPE, rotate-half convention."""
-    hd = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-    ang = pos[:, None].double() * inv[None]
-    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
-    return x * cos + torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1) * sin
+# ---- each format's forward, from the document (rms and rope: test_eagle3's) ------------------------------
 
 
 class DocHead:
