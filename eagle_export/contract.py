@@ -34,13 +34,21 @@ target graph's data file, unless the head brings a different one), and the runti
 from a read-only mapping of it (``runtime/embedding.py``; where the table lies: the manifest's
 ``draft_embedding``). So the draft graph carries no copy of the target's embedding, and on TensorRT no engine
 holds it twice.
+
+Version 4 adds the fused target graph (``target_verify_fused``, ONNX Runtime only: ``GroupQueryAttention`` with
+rotary inside, ``SkipSimplifiedLayerNormalization``; ``export/fused.py``). Its cache IO differs: each layer's K and V
+are one whole buffer ``[batch, kv_heads, capacity, head_dim]`` (BNSH), bound as both ``past_*`` and ``present_*``
+(the same memory); the call writes its ``new_tokens`` rows at rows ``[total_len - new_tokens, total_len)`` of every
+sequence and reads rows ``[0, total_len)`` under the mask, so no call copies the cache. The other inputs and outputs
+are the standard graph's. The standard graph stays for TensorRT (and for targets the fused operator cannot run);
+``graph_for`` says which graph a backend runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-CONTRACT_VERSION = 3
+CONTRACT_VERSION = 4
 
 # Axis names.
 BATCH = "batch"
@@ -50,10 +58,14 @@ TOTAL_LEN = "total_len"  # past_len + new_tokens
 LOGIT_ROWS = "logit_rows"
 FEATURE_ROWS = "feature_rows"  # draft: rows fed from target features
 HIDDEN_ROWS = "hidden_rows"  # draft: rows fed from the draft's own output (tree levels)
+CAPACITY = "capacity"  # fused target graph: rows of each sequence's whole cache buffer
 
 # Graph names (also the ONNX file stems).
 TARGET_GRAPH = "target_verify"
 DRAFT_GRAPH = "draft_step"
+TARGET_FUSED_GRAPH = "target_verify_fused"  # ONNX Runtime's fused variant of the target graph (contract 4)
+# GroupQueryAttention's CPU kernel takes head sizes that are multiples of this (ONNX Runtime 1.31).
+FUSED_HEAD_DIM_MULTIPLE = 16
 
 # Inputs shared by both graphs.
 INPUT_IDS = "input_ids"
@@ -172,6 +184,28 @@ def target_verify_spec(*, num_layers: int, kv_heads: int, head_dim: int, vocab_s
         *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
     ]
     return GraphSpec(TARGET_GRAPH, tuple(inputs), tuple(outputs))
+
+
+def target_fused_spec(*, num_layers: int, kv_heads: int, head_dim: int, vocab_size: int, feature_dim: int,
+                      dtype: str) -> GraphSpec:
+    """Fused target graph: the standard graph's IO, with each layer's cache as one whole BNSH buffer bound as both
+    ``past_*`` and ``present_*`` (written in place)."""
+    std = target_verify_spec(num_layers=num_layers, kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab_size,
+                             feature_dim=feature_dim, dtype=dtype)
+    cache = {n: TensorSpec(n, dtype, (BATCH, kv_heads, CAPACITY, head_dim))
+             for n in (*past_names(num_layers), *present_names(num_layers))}
+    return GraphSpec(TARGET_FUSED_GRAPH, tuple(cache.get(t.name, t) for t in std.inputs),
+                     tuple(cache.get(t.name, t) for t in std.outputs))
+
+
+def graph_for(backend: str, role: str, available: set[str] | dict) -> str:
+    """The graph a backend runs for a role ("target" or "draft"): ONNX Runtime runs the fused target graph when the
+    artifact has one; TensorRT (standard operators only) and everything else run the standard graphs."""
+    if role == "draft":
+        return DRAFT_GRAPH
+    if backend == "ort" and TARGET_FUSED_GRAPH in available:
+        return TARGET_FUSED_GRAPH
+    return TARGET_GRAPH
 
 
 def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, top_k: int,

@@ -24,8 +24,10 @@ from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .embedding_table import locate_target_embedding, write_own_table
+from .fused import FusedTargetVerify, rope_cache
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
+from .shared_data import share_weights
 from .weights import (
     MemoryTensor,
     Source,
@@ -61,6 +63,18 @@ class ExportOptions:
     feature_layers: list[int] | None = None
     # Weight files of at least this many bytes take the lean path (0: always, when the target is safetensors).
     lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
+    # Also write the fused target graph ONNX Runtime runs (contract 4), where its operator supports the target.
+    fused: bool = True
+
+
+def fused_unsupported(head_dim: int, dtype_name: str) -> str | None:
+    """Why the fused target graph cannot serve this target (None: it can). ONNX Runtime's CPU GroupQueryAttention
+    takes float32/float16 and head sizes that are multiples of 16; such targets run the standard graph."""
+    if dtype_name not in ("float32", "float16"):
+        return f"{dtype_name} (ONNX Runtime runs float32 and float16 only)"
+    if head_dim % C.FUSED_HEAD_DIM_MULTIPLE:
+        return f"head_dim {head_dim} (GroupQueryAttention takes multiples of {C.FUSED_HEAD_DIM_MULTIPLE})"
+    return None
 
 
 @dataclass
@@ -215,7 +229,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             )
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
-    steps = progress_bar(5, "export", "step", progress)
+    steps = progress_bar(6, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
     tdir = Path(target_dir)
@@ -273,6 +287,15 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
                    C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}
     draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.FEATURE_ROWS: [0, d_new],
                   C.HIDDEN_ROWS: [0, lim.max_top_k], C.PAST_LEN: [0, d_past], C.TOTAL_LEN: [1, d_past + d_new]}
+    # The fused graph's caches are whole buffers of a sequence's rows: the committed context plus a verify tree.
+    kv_rows = seq + verify_rows
+    fused_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.TOTAL_LEN: [1, kv_rows],
+                  C.LOGIT_ROWS: [1, verify_rows], C.CAPACITY: [kv_rows, kv_rows]}
+    why_not = fused_unsupported(tinfo.head_dim, dtype_name) if options.fused else "not asked for (--no-fused)"
+    if why_not is not None and options.fused:
+        log.info("no fused target graph for this target: %s; ONNX Runtime runs the standard graph", why_not)
+    fspec = C.target_fused_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
+                                vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
     draft_positions = seq + lim.max_depth
     if draft_positions > dinfo.max_position_embeddings:
         log.warning(
@@ -301,6 +324,11 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
                           tmp / f"{C.TARGET_GRAPH}.onnx", sources, wbar)
             steps.update()
+            if why_not is None:
+                steps.set_postfix_str("tracing fused target graph")
+                _export_fused(target, draft.feature_layers, kv_rows, dtype, (ids, pos, mask, rows), fspec, tmp,
+                              sources)
+            steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
             embeds = torch.zeros(b, t, dinfo.hidden_size, dtype=dtype)
@@ -324,6 +352,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             graphs={
                 C.TARGET_GRAPH: GraphEntry(f"{C.TARGET_GRAPH}.onnx", tspec, target_axes),
                 C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
+                **({C.TARGET_FUSED_GRAPH: GraphEntry(f"{C.TARGET_FUSED_GRAPH}.onnx", fspec, fused_axes)}
+                   if why_not is None else {}),
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
             draft_embedding=table,
@@ -346,6 +376,22 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     assert (out_dir / MANIFEST_NAME).is_file()
     return ExportReport(out_dir, lean, time.perf_counter() - t_start, peak_rss_bytes(), weights_bytes,
                         sum(f.stat().st_size for f in out_dir.iterdir()))
+
+
+def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_rows: int, dtype: torch.dtype,
+                  args: tuple, spec: C.GraphSpec, directory: Path, sources: dict[int, Source] | None) -> None:
+    """Trace the fused target graph beside the standard one; the weights both hold are stored once (in the
+    standard graph's data file)."""
+    cfg = target.model.config
+    # The standard graph's rotary tables, as both export paths make them (a fresh module cast to the dtype).
+    rotary = type(target.model.model.rotary_emb)(config=cfg).to(dtype)
+    module = FusedTargetVerify(target.model, feature_layers, kv_rows, rope=rope_cache(rotary, kv_rows, dtype)).eval()
+    b = args[0].shape[0]
+    cache = [torch.zeros(b, module.kv_heads, kv_rows, module.head_dim, dtype=dtype)
+             for _ in range(2 * len(module.layers))]
+    path = directory / f"{C.TARGET_FUSED_GRAPH}.onnx"
+    _export_graph(module, (*args, *cache), spec, path, sources)
+    share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
 
 
 def _draft_table(directory: Path, target: LoadedTarget, head: torch.nn.Module, sources: dict[int, Source] | None,

@@ -47,7 +47,7 @@ from eagle_export.tree_params import TreeParams
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
-from .kv_cache import KVCache
+from .kv_cache import FusedKVCache, KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
 from .tree import Frontier, TreeGrower, VerifyTree
@@ -160,11 +160,22 @@ class Generator:
         d_rows = max(self.chunk, B * max(K, ctx_rows))
         t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
         d_slot = self.capacity + lim.max_draft_rows + lim.max_context_rows
-        self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows, zeros=zeros,
-                              slots=B)
+        # The target graph this backend runs: ONNX Runtime's fused graph writes its cache in place (contract 4).
+        self.tgraph = C.graph_for(backend.name, "target", manifest.graphs)
+        self.fused = self.tgraph == C.TARGET_FUSED_GRAPH
+        if self.fused:
+            rows = manifest.graphs[self.tgraph].axes[C.CAPACITY][1]
+            if rows != t_slot:
+                raise GenerationError(f"the fused target graph's cache holds {rows} rows, the runtime needs {t_slot}: "
+                                      "re-export")
+            self.tcache = FusedKVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, B, zeros)
+        else:
+            self.tcache = KVCache(t.num_layers, t.kv_heads, t.head_dim, t_slot, dtype, dev, new_rows=t_rows,
+                                  zeros=zeros, slots=B)
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,
                               slots=B)
         self.t_slot = t_slot
+        self._past_t = 0  # the last verify's common past
         # A batched call binds [A, stride] as its past, so the stride stays within the graphs' past_len range (the
         # engines' profiles are built from it). A continuing sequence never needs more (docs/runtime.md).
         t_past = manifest.graphs[C.TARGET_GRAPH].axes[C.PAST_LEN][1]
@@ -256,15 +267,21 @@ class Generator:
         rb = self._rows[name]
         return rb.block(0, slots, count)[0]
 
-    def _target_io(self, a: int, n: int, r: int) -> tuple[dict, MappingProxyType]:
-        key = ("t", a, n, r)
+    def _target_io(self, a: int, n: int, r: int, slot: int) -> tuple[dict, MappingProxyType]:
+        """The target call's fixed bindings. Fused: the caches of slots [slot, slot + a) are inputs and outputs
+        alike (written in place); standard: the new rows land in the scratch."""
+        key = ("t", a, n, r, slot if self.fused else 0)
         io = self._io_memo.get(key)
         if io is None:
             ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.LOGIT_INDICES: self._host(self._lidx, a, r)}
             outs = {C.LOGITS: self._buf("logits", a, r), C.FEATURES: self._buf("tfeats", a, n)}
-            present = self.tcache.new_block_views(a, n)
-            outs.update(zip(self._target_names[1], present, strict=True))
+            if self.fused:
+                caches = self.tcache.bind(slot, a)
+                ins.update(zip(self._target_names[0], caches, strict=True))
+                outs.update(zip(self._target_names[1], caches, strict=True))
+            else:
+                outs.update(zip(self._target_names[1], self.tcache.new_block_views(a, n), strict=True))
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
@@ -288,12 +305,16 @@ class Generator:
             return cache.views(base, past)
         return cache.block_views(a, past)
 
-    def _run_target(self, a: int, n: int, r: int, past: int, base: int = 0) -> None:
-        fixed, outputs = self._target_io(a, n, r)
+    def _run_target(self, a: int, n: int, r: int, past: int, slot: int = 0) -> None:
+        """The target over ``a`` sequences from slot ``slot`` (``a`` > 1: from slot 0), ``n`` new rows each after
+        ``past`` bound rows."""
+        fixed, outputs = self._target_io(a, n, r, slot)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
-        inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, base), strict=True))
-        self.backend.run(C.TARGET_GRAPH, inputs, outputs)
+        if not self.fused:
+            inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, slot * self.tplan.stride),
+                              strict=True))
+        self.backend.run(self.tgraph, inputs, outputs)
 
     def _run_draft(self, a: int, n: int, feat_rows: int, past: int, base: int = 0) -> None:
         """The draft over the tokens in ``_ids`` [a, n]: their embedding rows are gathered here, then the call."""
@@ -395,8 +416,9 @@ class Generator:
             self._pos.array[:c] = self._arange[:c] + st
             self._causal(c, st)
             self._lidx.array[0] = c - 1
-            self._run_target(1, c, 1, st, base_t)
-            self.tcache.write(base_t + st, c)
+            self._run_target(1, c, 1, st, j)
+            if not self.fused:  # the fused graph wrote its rows in place
+                self.tcache.write(base_t + st, c)
             if last:
                 s.root = self._first_token(s)
             if use_draft:
@@ -436,7 +458,9 @@ class Generator:
         for s in slots:
             L = extra[id(s)] if extra and id(s) in extra else s.L
             need_t, need_d = max(need_t, L + s.slack_t), max(need_d, L + s.slack_d)
-        for plan, cache, need in ((self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d)):
+        plans = ((self.dplan, self.dcache, need_d),) if self.fused else (
+            (self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d))
+        for plan, cache, need in plans:
             need = min(need, plan.rows_per_slot)  # only a finishing sequence's last rows go past it (_room)
             if need <= plan.stride < need + 2 * plan.step:  # surely LayoutPlan.wanted's no-move case (granule >= step)
                 continue
@@ -533,7 +557,9 @@ class Generator:
         a = len(slots)
         sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
         tt = max(sizes)
-        past = slots[0].L if a == 1 else self.tplan.stride
+        # A batch binds a common past: the stride (standard), or the longest committed prefix (fused: each slot's
+        # whole region is bound, and the call writes its rows after the past).
+        past = slots[0].L if a == 1 else (max(s.L for s in slots) if self.fused else self.tplan.stride)
         mask = self._mask.take((a, tt, past + tt))
         if a > 1:  # one slot's rows are written whole below
             mask[:] = False
@@ -562,6 +588,7 @@ class Generator:
             used += L
         self.padding.bound += a * past
         self.padding.used += used
+        self._past_t = past  # where this call's rows were written (fused: commit moves them from there)
         self._run_target(a, tt, tt, past)
         for s in slots:
             s.stats.rounds += 1
@@ -586,7 +613,11 @@ class Generator:
         s.stats.accept_lengths.append(int(acc.num_accepted))
         if s.req.on_round is not None and s.grower is not None:
             s.req.on_round(vt, acc)
-        self.tcache.write_rows(b * self.tplan.stride + s.L, acc.indices[:self._room(b, s.L)], src=r0)
+        rows = acc.indices[:self._room(b, s.L)]
+        if self.fused:
+            self.tcache.commit(b, s.L, rows + self._past_t)
+        else:
+            self.tcache.write_rows(b * self.tplan.stride + s.L, rows, src=r0)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
         new, s.reason = s.stop.emit(s.tokens)
         if new:
@@ -597,7 +628,10 @@ class Generator:
         distribution), the root's K/V row into the cache."""
         tok = self._token_at(s, r0)
         s.stats.accept_lengths.append(0)
-        self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
+        if self.fused:
+            self.tcache.commit(b, s.L, [self._past_t][:self._room(b, s.L)])
+        else:
+            self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
         s.tokens = [tok]
         new, s.reason = s.stop.emit(s.tokens)
         if new:
@@ -608,7 +642,7 @@ class Generator:
         slot, or a single sequence, has a whole sequence's rows). A continuing sequence always fits: its
         committed rows stay below capacity - 1 <= the stride; rows cut here belong to a sequence that ends in
         this round (its emitted tokens reach the capacity), and are never read."""
-        if b == len(self.active) - 1:
+        if b == len(self.active) - 1 or self.fused:  # fused: every slot has a whole region
             return self.t_slot - L
         return self.tplan.stride - L
 
@@ -671,7 +705,10 @@ class Generator:
         last = len(self.active) - 1
         if b != last:
             t = self.active[last]
-            self.tcache.move(last * self.tplan.stride, b * self.tplan.stride, t.L)
+            if self.fused:
+                self.tcache.move_slot(last, b, t.L)
+            else:
+                self.tcache.move(last * self.tplan.stride, b * self.tplan.stride, t.L)
             self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
             self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
             self.ctx_hidden[b].copy_(self.ctx_hidden[last])

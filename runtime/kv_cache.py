@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from eagle_export.dtypes import BY_TORCH
+
 from .views import BufferView, RowBuffers
 
 
@@ -130,3 +132,71 @@ def _stacked(count: int, rows: int, kv_heads: int, head_dim: int, dtype: torch.d
     padded = -(-rows // step) * step
     whole = zeros((count, 1, padded, kv_heads, head_dim), dtype)
     return whole, [whole[i, :, :rows] for i in range(count)]
+
+
+class FusedKVCache:
+    """The fused target graph's cache (graph contract 4): per layer and per K/V one buffer
+    ``[slots, kv_heads, rows, head_dim]`` (BNSH), bound whole as both past and present, so the graph writes each
+    call's new rows in place and no call copies the cache.
+
+    All ``2 x layers`` buffers are slices of one allocation ``[2 * layers, slots, kv_heads, rows, head_dim]``, so one
+    indexing call moves rows in every layer. Slot b's committed rows are rows ``[0, L)`` of its region; a call over
+    the first ``a`` slots writes its new rows after the call's common ``past`` (``bind``). After a verify, the
+    accepted rows move down to follow the committed ones (``commit``): at most depth + 1 rows per layer.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, rows: int, dtype: torch.dtype, slots: int,
+                 zeros: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]):
+        self.capacity = rows
+        self.slots = slots
+        self._all = zeros((2 * num_layers, slots, kv_heads, rows, head_dim), dtype)
+        self.buffers = [self._all[i] for i in range(2 * num_layers)]
+        self._np_all = self._all.numpy() if self._all.device.type == "cpu" and dtype != torch.bfloat16 else None
+        slot_bytes = kv_heads * rows * head_dim * self._all.element_size()
+        self._slot_bytes = slot_bytes
+        self._addresses = [b.data_ptr() for b in self.buffers]
+        dev = self._all.device
+        self._tail = (kv_heads, rows, head_dim)
+        self._type, self._dev, self._idx = BY_TORCH[dtype].name, dev.type, dev.index or 0
+        self._memo: dict[tuple[int, int], list[BufferView]] = {}
+
+    def bind(self, first: int, count: int) -> list[BufferView]:
+        """Slots [first, first + count) of every buffer, [count, kv_heads, rows, head_dim]: a call's past and present
+        (the same views)."""
+        key = (first, count)
+        got = self._memo.get(key)
+        if got is None:
+            if first < 0 or count < 1 or first + count > self.slots:
+                raise IndexError(f"slots [{first}, {first + count}) outside {self.slots}")
+            off, shape = first * self._slot_bytes, (count, *self._tail)
+            got = self._memo[key] = [BufferView(a + off, self._type, shape, self._dev, self._idx)
+                                     for a in self._addresses]
+        return got
+
+    def _arr(self):
+        return self._np_all if self._np_all is not None else self._all
+
+    def commit(self, slot: int, dst: int, src_rows) -> None:
+        """Slot ``slot``'s rows [dst, dst + n) = its rows ``src_rows`` (n of them, ascending, each >= dst): the
+        accepted path of a verify written after ``past``, moved to follow the committed rows. Copied run by run (a
+        chain's path is one run); rows already in place are not touched."""
+        r = [int(x) for x in src_rows]
+        n = len(r)
+        if n and (dst < 0 or dst + n > self.capacity or r[0] < dst or r[-1] >= self.capacity):
+            raise IndexError(f"rows {r} -> [{dst}, {dst + n}) outside {self.capacity} rows")
+        a = self._arr()
+        i = 0
+        while i < n:
+            j = i + 1
+            while j < n and r[j] == r[j - 1] + 1:
+                j += 1
+            if r[i] != dst + i:  # overlapping ranges: numpy copies through a buffer, torch needs a clone
+                src = a[:, slot, :, r[i]:r[i] + j - i]
+                a[:, slot, :, dst + i:dst + j] = src if self._np_all is not None else src.clone()
+            i = j
+
+    def move_slot(self, src: int, dst: int, count: int) -> None:
+        """Slot ``dst``'s rows [0, count) = slot ``src``'s (a finished sequence's slot refilled by the last one)."""
+        if src != dst and count:
+            a = self._arr()
+            a[:, dst, :, :count] = a[:, src, :, :count]

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from eagle_export import contract as C
 from eagle_export.dtypes import DTYPES, ORT_GRAPH_DTYPES
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest
@@ -145,11 +146,12 @@ class OrtBackend:
                         "for the CPU, fp16 for GPUs", directory)
         self.host_memory = self.device == "cpu"
         self.last_exec_s: float | None = 0.0
-        self.graphs = {
-            name: OrtGraph(Path(directory) / g.file, providers, threads) for name, g in manifest.graphs.items()
-        }
-        for name, g in manifest.graphs.items():
-            session = self.graphs[name]
+        # The graphs this backend runs (the fused target graph where the artifact has one), and only those.
+        runs = {C.graph_for(self.name, role, manifest.graphs) for role in ("target", "draft")}
+        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads)
+                       for name in runs}
+        for name in runs:
+            g, session = manifest.graphs[name], self.graphs[name]
             if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
                 raise ManifestError(
                     f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "

@@ -193,7 +193,7 @@ def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_
         raise BenchError(f"a request failed: {errors[0]}")
     per_round = sched.active_per_round[active0:]
     fig = ModeFigures(sum(len(t) for t in tokens), wall, latencies, accepts,
-                      proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.seconds.get(C.TARGET_GRAPH, 0.0),
+                      proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.target_seconds,
                       sched.rounds - rounds0, sum(per_round) / len(per_round) if per_round else 0.0,
                       gen.padding.fraction)
     return fig, tokens

@@ -1,0 +1,183 @@
+"""The fused target verify graph for ONNX Runtime: ``GroupQueryAttention`` writing the cache in place, rotary inside
+it, and skip + RMS norm as one op (``SkipSimplifiedLayerNormalization``), as onnxruntime-genai's models have.
+
+Traced from ``FusedTargetVerify``, whose two fused steps are ``torch.autograd.Function``s: run eagerly they compute
+the operator's math in PyTorch (the parity reference and the tracer's shapes), traced they emit the ONNX Runtime
+contrib node. So one module is both the graph's source and its reference, and everything else (the lean path,
+the weights' external data) is the standard graph's machinery.
+
+The cache contract (graph contract 4, ``eagle_export/contract.py``): each layer's K and V are one buffer
+``[batch, kv_heads, capacity, head_dim]`` (BNSH), bound as both ``past_*`` and ``present_*``. The attention mask's
+width ``total_len`` says where the call's rows go: the ``new_tokens`` rows are written at rows
+``[total_len - new_tokens, total_len)`` of every sequence's buffer, and attention reads rows ``[0, total_len)``
+under the mask. Nothing else of the cache is read or copied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .modules import MASK_MIN
+
+MS = "com.microsoft"
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Non-interleaved rotary (transformers' rotate_half convention); x [B, T, heads, hd], cos/sin [B, T, 1, hd/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class GroupQueryAttention(torch.autograd.Function):
+    """ONNX Runtime's ``com.microsoft.GroupQueryAttention`` with rotary inside, a shared past/present buffer and an
+    additive attention bias. Eager: the same math in PyTorch (the present buffers are new tensors)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, position_ids, bias,
+                num_heads: int, kv_heads: int, scale: float):
+        if torch.jit.is_tracing():  # the exporter emits ``symbolic``; only the shapes matter (out is q-shaped)
+            return q.clone(), past_k.clone(), past_v.clone()
+        B, T, _ = q.shape
+        hd = past_k.shape[-1]
+        total = bias.shape[-1]
+        past = total - T
+        cos = cos_cache[position_ids].unsqueeze(2)
+        sin = sin_cache[position_ids].unsqueeze(2)
+        qh = _rotate(q.view(B, T, num_heads, hd), cos, sin)
+        kh = _rotate(k.view(B, T, kv_heads, hd), cos, sin)
+        vh = v.view(B, T, kv_heads, hd)
+        present_k, present_v = past_k.clone(), past_v.clone()
+        present_k[:, :, past:total] = kh.transpose(1, 2)
+        present_v[:, :, past:total] = vh.transpose(1, 2)
+        keys, values = present_k[:, :, :total], present_v[:, :, :total]
+        group = num_heads // kv_heads
+        qg = qh.transpose(1, 2).reshape(B, kv_heads, group * T, hd)
+        scores = torch.matmul(qg.float(), keys.float().transpose(-1, -2)) * scale
+        scores = scores.view(B, kv_heads, group, T, total) + bias.float().unsqueeze(1)
+        probs = torch.softmax(scores, dim=-1).view(B, kv_heads, group * T, total)
+        out = torch.matmul(probs, values.float()).to(q.dtype)
+        out = out.view(B, num_heads, T, hd).transpose(1, 2).reshape(B, T, num_heads * hd)
+        return out, present_k, present_v
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, position_ids, bias,
+                 num_heads, kv_heads, scale):
+        out, pk, pv = g.op(f"{MS}::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_len,
+                           cos_cache, sin_cache, position_ids, bias, num_heads_i=num_heads, kv_num_heads_i=kv_heads,
+                           scale_f=scale, do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
+        out.setType(q.type())
+        pk.setType(past_k.type())
+        pv.setType(past_v.type())
+        return out, pk, pv
+
+
+class SkipRMSNorm(torch.autograd.Function):
+    """``com.microsoft.SkipSimplifiedLayerNormalization``: s = x + skip, out = RMSNorm(s) * gamma; returns (out, s).
+    Eager: transformers' LlamaRMSNorm math (float32 inside, cast back before the weight)."""
+
+    @staticmethod
+    def forward(ctx, x, skip, gamma, eps: float):
+        if torch.jit.is_tracing():
+            return x.clone(), x.clone()
+        s = x + skip
+        f = s.float()
+        out = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
+        return gamma * out.to(s.dtype), s
+
+    @staticmethod
+    def symbolic(g, x, skip, gamma, eps):
+        out, _mean, _inv, s = g.op(f"{MS}::SkipSimplifiedLayerNormalization", x, skip, gamma, epsilon_f=eps,
+                                   outputs=4)
+        out.setType(x.type())
+        s.setType(x.type())
+        return out, s
+
+
+def _eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def rope_cache(rotary_emb: nn.Module, positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [positions, head_dim / 2] from a transformers rotary embedding (its scaling and attention factor
+    included), for GroupQueryAttention's rotary inside. Computed in float32, then cast."""
+    pos = torch.arange(positions).unsqueeze(0)
+    probe = torch.zeros(1, dtype=torch.float32)
+    cos, sin = rotary_emb(probe, pos)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].to(dtype).contiguous(), sin[0, :, :half].to(dtype).contiguous()
+
+
+class FusedTargetVerify(nn.Module):
+    """The target over T new tokens with fused attention writing the cache in place (contract 4's cache IO).
+
+    Same outputs as ``modules.TargetVerify`` (logits of the requested rows, draft features), and the updated
+    cache buffers as ``present_*`` (the same memory as ``past_*`` when bound so). ``positions``: rows of the rotary
+    cache, at least the largest position id a call may carry.
+    """
+
+    def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None, positions: int,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        super().__init__()
+        base = causal_lm.model
+        self.embed_tokens = base.embed_tokens
+        self.layers = base.layers
+        self.norm = base.norm
+        self.lm_head = causal_lm.lm_head
+        self.feature_layers = list(feature_layers) if feature_layers is not None else None
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.num_heads = attn.q_proj.out_features // self.head_dim
+        self.kv_heads = attn.k_proj.out_features // self.head_dim
+        self.scale = float(attn.scaling)
+        if rope is None:
+            rope = rope_cache(base.rotary_emb, positions, self.lm_head.weight.dtype)
+        self.register_buffer("cos_cache", rope[0], persistent=False)
+        self.register_buffer("sin_cache", rope[1], persistent=False)
+
+    def _attention(self, layer: nn.Module, x: torch.Tensor, past_k, past_v, seqlens_k, total, position_ids, bias):
+        attn = layer.self_attn
+        B, T, _ = x.shape
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head RMS norm before rotary
+            q = attn.q_norm(q.view(B, T, self.num_heads, self.head_dim)).view(B, T, -1)
+            k = attn.k_norm(k.view(B, T, self.kv_heads, self.head_dim)).view(B, T, -1)
+        out, pk, pv = GroupQueryAttention.apply(q, k, v, past_k, past_v, seqlens_k, total, self.cos_cache,
+                                                self.sin_cache, position_ids, bias, self.num_heads, self.kv_heads,
+                                                self.scale)
+        return attn.o_proj(out), pk, pv
+
+    def forward(self, input_ids, position_ids, attention_mask, logit_indices, *cache):
+        bsz, seq = input_ids.shape
+        dtype = self.cos_cache.dtype
+        # Sizes as tensors, so the trace keeps them dynamic: total_len from the mask, one seqlens_k per sequence.
+        total32 = torch._shape_as_tensor(attention_mask)[2].to(torch.int32)
+        seqlens_k = (total32 - 1).expand(bsz)
+        zero = torch.zeros((), dtype=dtype)
+        bias = torch.where(attention_mask, zero, torch.full((), MASK_MIN, dtype=torch.float32).to(dtype))
+        bias = bias.unsqueeze(1)  # [B, 1, T, total]
+        h = self.embed_tokens(input_ids)
+        presents = []
+        taps = {}
+        first = self.layers[0].input_layernorm
+        x = first(h)
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            if self.feature_layers is not None and i in self.feature_layers:
+                taps[i] = h
+            a, pk, pv = self._attention(layer, x, cache[2 * i], cache[2 * i + 1], seqlens_k, total32, position_ids,
+                                        bias)
+            post = layer.post_attention_layernorm
+            x, h = SkipRMSNorm.apply(a, h, post.weight, _eps(post))
+            m = layer.mlp(x)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
+            x, h = SkipRMSNorm.apply(m, h, nxt.weight, _eps(nxt))
+            presents += [pk, pv]
+        normed = x
+        if self.feature_layers is None:
+            feats = normed
+        else:
+            feats = torch.cat([taps[i] for i in self.feature_layers], -1)
+        rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
+        logits = self.lm_head(rows).float()
+        return (logits, feats, *presents)
