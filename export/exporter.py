@@ -24,7 +24,7 @@ from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .embedding_table import locate_target_embedding, write_own_table
-from .fused import FusedTargetVerify, rope_cache
+from .fused import FusedTargetVerify, pack_qkv, rope_cache
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
 from .shared_data import share_weights
@@ -391,6 +391,9 @@ def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_row
              for _ in range(2 * len(module.layers))]
     path = directory / f"{C.TARGET_FUSED_GRAPH}.onnx"
     _export_graph(module, (*args, *cache), spec, path, sources)
+    model = onnx.load(str(path), load_external_data=False)
+    pack_qkv(model)
+    onnx.save_model(model, str(path))
     share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
 
 

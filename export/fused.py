@@ -181,3 +181,52 @@ class FusedTargetVerify(nn.Module):
         rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
         logits = self.lm_head(rows).float()
         return (logits, feats, *presents)
+
+
+def pack_qkv(model) -> int:
+    """Give each GroupQueryAttention one packed QKV MatMul, as onnxruntime-genai's graphs have: where its query, key
+    and value are MatMuls of the same input by 2-D initializers, they become one MatMul by the initializers'
+    ``Concat`` (axis 1), whose output is GroupQueryAttention's packed query (key and value left empty).
+
+    The Concat stays a node over the initializers the standard graph also holds (so the artifact stores them once);
+    ONNX Runtime folds it into one packed weight when it loads the graph. Returns the attentions packed."""
+    from onnx import helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, int] = {}
+    for n in g.node:
+        for x in n.input:
+            consumers[x] = consumers.get(x, 0) + 1
+    packed = 0
+    drop: set[int] = set()
+    new_nodes: dict[int, list] = {}
+    for node in g.node:
+        if node.op_type != "GroupQueryAttention" or node.domain != MS:
+            continue
+        mms = [producer.get(x) for x in node.input[:3]]
+        if any(m is None or m.op_type != "MatMul" or consumers.get(m.output[0]) != 1 for m in mms):
+            continue
+        if len({m.input[0] for m in mms}) != 1 or any(m.input[1] not in inits or len(inits[m.input[1]].dims) != 2
+                                                        for m in mms):
+            continue
+        base = mms[0].output[0]
+        w = f"{base}.qkv_weight"
+        y = f"{base}.qkv"
+        cat = helper.make_node("Concat", [m.input[1] for m in mms], [w], name=f"{mms[0].name}/QKVConcat", axis=1)
+        mm = helper.make_node("MatMul", [mms[0].input[0], w], [y], name=f"{mms[0].name}/QKV")
+        for m in mms:
+            drop.add(id(m))
+        new_nodes[id(node)] = [cat, mm]
+        node.input[0], node.input[1], node.input[2] = y, "", ""
+        packed += 1
+    nodes = []
+    for n in g.node:
+        if id(n) in drop:
+            continue
+        nodes.extend(new_nodes.get(id(n), []))
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    return packed

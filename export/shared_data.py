@@ -87,6 +87,10 @@ def share_weights(graph_path: Path, other_graph: Path) -> int:
         finally:
             if src is not None:
                 src.close()
-    tmp.replace(src_path)
+    if offset:
+        tmp.replace(src_path)
+    else:  # everything is shared: no data file of its own
+        tmp.unlink()
+        src_path.unlink()
     onnx.save_model(model, str(graph_path))
     return offset
