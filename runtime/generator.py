@@ -175,7 +175,7 @@ class Generator:
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,
                               slots=B)
         self.t_slot = t_slot
-        self._past_t = 0  # the last verify's common past
+        self._past_t = [0] * B  # per slot: the row after which the last verify wrote its rows (fused)
         # A batched call binds [A, stride] as its past, so the stride stays within the graphs' past_len range (the
         # engines' profiles are built from it). A continuing sequence never needs more (docs/runtime.md).
         t_past = manifest.graphs[C.TARGET_GRAPH].axes[C.PAST_LEN][1]
@@ -267,15 +267,17 @@ class Generator:
         rb = self._rows[name]
         return rb.block(0, slots, count)[0]
 
-    def _target_io(self, a: int, n: int, r: int, slot: int) -> tuple[dict, MappingProxyType]:
+    def _target_io(self, a: int, n: int, r: int, slot: int, row0: int = 0) -> tuple[dict, MappingProxyType]:
         """The target call's fixed bindings. Fused: the caches of slots [slot, slot + a) are inputs and outputs
-        alike (written in place); standard: the new rows land in the scratch."""
-        key = ("t", a, n, r, slot if self.fused else 0)
+        alike (written in place); standard: the new rows land in the scratch. Logits and features from output row
+        ``row0`` on."""
+        key = ("t", a, n, r, slot if self.fused else 0, row0)
         io = self._io_memo.get(key)
         if io is None:
             ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.LOGIT_INDICES: self._host(self._lidx, a, r)}
-            outs = {C.LOGITS: self._buf("logits", a, r), C.FEATURES: self._buf("tfeats", a, n)}
+            outs = {C.LOGITS: self._rows["logits"].block(row0, a, r)[0],
+                    C.FEATURES: self._rows["tfeats"].block(row0, a, n)[0]}
             if self.fused:
                 caches = self.tcache.bind(slot, a)
                 ins.update(zip(self._target_names[0], caches, strict=True))
@@ -305,10 +307,10 @@ class Generator:
             return cache.views(base, past)
         return cache.block_views(a, past)
 
-    def _run_target(self, a: int, n: int, r: int, past: int, slot: int = 0) -> None:
+    def _run_target(self, a: int, n: int, r: int, past: int, slot: int = 0, row0: int = 0) -> None:
         """The target over ``a`` sequences from slot ``slot`` (``a`` > 1: from slot 0), ``n`` new rows each after
-        ``past`` bound rows."""
-        fixed, outputs = self._target_io(a, n, r, slot)
+        ``past`` bound rows; logits and features from output row ``row0`` on."""
+        fixed, outputs = self._target_io(a, n, r, slot, row0)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
         if not self.fused:
@@ -557,6 +559,8 @@ class Generator:
         a = len(slots)
         sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
         tt = max(sizes)
+        if self.fused and a > 1 and tt > 1:
+            return self._verify_each(slots, sizes, tt)
         # A batch binds a common past: the stride (standard), or the longest committed prefix (fused: each slot's
         # whole region is bound, and the call writes its rows after the past).
         past = slots[0].L if a == 1 else (max(s.L for s in slots) if self.fused else self.tplan.stride)
@@ -588,10 +592,38 @@ class Generator:
             used += L
         self.padding.bound += a * past
         self.padding.used += used
-        self._past_t = past  # where this call's rows were written (fused: commit moves them from there)
+        self._past_t[:a] = [past] * a  # where this call's rows were written (fused: commit moves them from there)
         self._run_target(a, tt, tt, past)
         for s in slots:
             s.stats.rounds += 1
+        return tt
+
+    def _verify_each(self, slots: list[Slot], sizes: list[int], tt: int) -> int:
+        """The fused graph over several sequences with trees: ONNX Runtime's GroupQueryAttention writes more than one
+        row over a past for one sequence per call only, so each sequence's tree is a call of its own (exactly its
+        rows over exactly its committed ones: no padding), its logits and features at rows [b * tt, b * tt + T) of
+        the batch's buffers, as one call over the batch would leave them."""
+        used = 0
+        for b, s in enumerate(slots):
+            L, T = s.L, sizes[b]
+            ids, pos = self._ids.array[:T], self._pos.array[:T]
+            mask = self._mask.take((1, T, L + T))
+            mask[0, :, :L] = True
+            if s.grower is None:
+                ids[0], pos[0] = s.root, L
+                mask[0, 0, L] = True
+            else:
+                vt = s.vt
+                ids[:] = vt.tokens
+                np.add(vt.depths, L, out=pos)
+                mask[0, :, L:] = vt.mask
+            self._lidx.array[:T] = self._arange[:T]
+            self._past_t[b] = L
+            self._run_target(1, T, T, L, b, b * tt)
+            used += L
+            s.stats.rounds += 1
+        self.padding.bound += used
+        self.padding.used += used
         return tt
 
     def _accept_and_commit(self, s: Slot, b: int, tt: int) -> None:
@@ -615,7 +647,7 @@ class Generator:
             s.req.on_round(vt, acc)
         rows = acc.indices[:self._room(b, s.L)]
         if self.fused:
-            self.tcache.commit(b, s.L, rows + self._past_t)
+            self.tcache.commit(b, s.L, rows + self._past_t[b])
         else:
             self.tcache.write_rows(b * self.tplan.stride + s.L, rows, src=r0)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
@@ -629,7 +661,7 @@ class Generator:
         tok = self._token_at(s, r0)
         s.stats.accept_lengths.append(0)
         if self.fused:
-            self.tcache.commit(b, s.L, [self._past_t][:self._room(b, s.L)])
+            self.tcache.commit(b, s.L, [self._past_t[b]][:self._room(b, s.L)])
         else:
             self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
         s.tokens = [tok]

@@ -680,6 +680,98 @@ def _locate(structure, path, spec, module, cases, report: GraphReport, layers, r
     return {"case": case, "layer": layer, "probe": first["layer"], "summary": summary, "probes": rows}
 
 
+# ---- the fused target graph ---------------------------------------------------------------------
+
+UNTOUCHED = 7.0  # fills the fused graph's cache rows a call must not write: any change there is a failure
+
+
+class FusedAsStandard:
+    """Runs the fused target graph (contract 4) on the standard graph's feeds, as the runtime does: each layer's
+    cache is one whole buffer bound as both past and present (IO binding), holding the feed's past rows and
+    ``UNTOUCHED`` after them. Returns the standard graph's outputs: logits, features, and as ``present_*`` the new
+    rows read back from the buffers; ``touched`` lists the buffers whose other rows changed (a bug: the call may
+    write only its own rows)."""
+
+    def __init__(self, path: Path, m: Manifest, threads: int | None = None):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.m = m
+        self.rows = m.graphs[C.TARGET_FUSED_GRAPH].axes[C.CAPACITY][1]
+
+    def __call__(self, feed: dict) -> tuple[OrderedDict, list[str]]:
+        m, t = self.m, self.m.target
+        b = self.session.io_binding()
+        keep = []
+        for name in (C.INPUT_IDS, C.POSITION_IDS, C.ATTENTION_MASK, C.LOGIT_INDICES):
+            arr = np.ascontiguousarray(feed[name])
+            keep.append(arr)
+            b.bind_cpu_input(name, arr)
+        n = feed[C.INPUT_IDS].shape[1]
+        logits = np.zeros((1, feed[C.LOGIT_INDICES].shape[1], t.vocab_size), np.float32)
+        feats = np.zeros((1, n, t.feature_dim), m.dtype)
+        for name, arr in ((C.LOGITS, logits), (C.FEATURES, feats)):
+            b.bind_output(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+        bufs = []
+        for past_name, present_name in zip(C.past_names(t.num_layers), C.present_names(t.num_layers), strict=True):
+            past = feed[past_name]  # [1, past, kv_heads, head_dim]
+            p = past.shape[1]
+            buf = np.full((1, t.kv_heads, self.rows, t.head_dim), UNTOUCHED, dtype=m.dtype)
+            buf[0, :, :p] = past[0].transpose(1, 0, 2)
+            bufs.append((present_name, buf, p))
+            b.bind_cpu_input(past_name, buf)
+            b.bind_output(present_name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        self.session.run_with_iobinding(b)
+        out = OrderedDict([(C.LOGITS, logits), (C.FEATURES, feats)])
+        touched = []
+        for (name, buf, p), past_name in zip(bufs, C.past_names(t.num_layers), strict=True):
+            out[name] = np.ascontiguousarray(buf[0, :, p:p + n].transpose(1, 0, 2)[None])
+            if (not np.array_equal(buf[0, :, :p], feed[past_name][0].transpose(1, 0, 2))
+                    or not (buf[0, :, p + n:] == UNTOUCHED).all()):
+                touched.append(name)
+        return out, touched
+
+
+def check_fused_graph(directory: Path, m: Manifest, module, cases, threads: int | None = None) -> GraphReport:
+    """The fused target graph against the standard graph's PyTorch module on the standard cases: every output
+    within the same tolerances as the standard graph, and no cache row written but the call's own."""
+    run = FusedAsStandard(directory / m.graphs[C.TARGET_FUSED_GRAPH].file, m, threads)
+    spec = m.graphs[C.TARGET_GRAPH].spec
+    want = []
+    for _, feed in cases:
+        args = [torch.from_numpy(np.ascontiguousarray(feed[i.name])) for i in spec.inputs]
+        with torch.no_grad():
+            outs = module(*[a.float() if a.is_floating_point() else a for a in args])
+        want.append(OrderedDict((o.name, x.numpy().astype(o.dtype)) for o, x in zip(spec.outputs, outs, strict=True)))
+    tols = tolerances(want, m.dtype)
+    report = GraphReport(C.TARGET_FUSED_GRAPH, [c for c, _ in cases],
+                         {o: OutputReport(o, tols[o]) for o in spec.output_names})
+    for (case, feed), ref in zip(cases, want, strict=True):
+        got, touched = run(feed)
+        failed = False
+        for name, w in ref.items():
+            o, tol = report.outputs[name], tols[name]
+            g, w = got[name].astype(np.float64), w.astype(np.float64)
+            diff = np.abs(g - w)
+            bad = (diff > tol.atol) & (diff > tol.rtol * np.abs(w))
+            max_abs = float(diff.max(initial=0.0))
+            if max_abs > o.max_abs or not o.worst_case:
+                o.max_abs, o.worst_case = max_abs, case
+                o.max_rel = float((diff / np.maximum(np.abs(w), 1e-12)).max(initial=0.0))
+            ok = not bad.any() and name not in touched
+            if name in touched:
+                o.note = "the call wrote cache rows outside its own"
+            o.passed &= ok
+            failed |= not ok
+        if failed:
+            report.failed_cases.append(case)
+    return report
+
+
 # ---- end to end ------------------------------------------------------------------------------
 
 
@@ -848,6 +940,12 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     embedding = check_embedding(rt.generator.embedding, head.embed_tokens.weight)
     graphs[C.TARGET_GRAPH] = check_graph(directory, m, C.TARGET_GRAPH, tv, target_cases(m, rng), tv.layers,
                                          runner_cls, embed=tv.embed_tokens)
+    if C.TARGET_FUSED_GRAPH in m.graphs:
+        log("comparing target_verify_fused")
+        # A call over an empty cache is a prefill for this graph (contract 4: GroupQueryAttention takes it as a first
+        # prompt, causal, positions from 0), as it always is in the runtime: the other cache-0 cases do not apply.
+        cases = [(c, f) for c, f in target_cases(m, rng) if f[C.past_key(0)].shape[1] or c.startswith("prefill")]
+        graphs[C.TARGET_FUSED_GRAPH] = check_fused_graph(directory, m, tv, cases, threads)
     log("comparing draft_step")
     ds = DraftStep(head, m.tree_limits.max_top_k).eval()
     graphs[C.DRAFT_GRAPH] = check_graph(
@@ -855,7 +953,8 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         None if eagle3 else head.layers, runner_cls, fc=head.fc,
         full_logprobs=lambda hidden: _target_logprobs(head, hidden, m), head3=head if eagle3 else None)
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
-    deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS])
+    deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS],
+                *([graphs[C.TARGET_FUSED_GRAPH].outputs[C.LOGITS]] if C.TARGET_FUSED_GRAPH in graphs else []))
     tie_gap = max([TIE_FLOOR[m.dtype]] + [TIE_FACTOR * min(o.max_abs, o.tol.atol) for o in deciding])
     if prompts or given:
         vocab = m.target.vocab_size
