@@ -42,7 +42,8 @@ are one whole buffer ``[batch, kv_heads, capacity, head_dim]`` (BNSH), bound as 
 sequence and reads rows ``[0, total_len)`` under the mask, so no call copies the cache. The other inputs and outputs
 are the standard graph's, with one restriction ONNX Runtime's operator sets: a call over an empty cache (``total_len ==
 new_tokens``) is a prefill (causal mask, positions 0 .. new_tokens - 1), and a call that writes more than one row
-over a non-empty cache takes one sequence (batch 1). The runtime's calls are so. The standard graph stays for TensorRT (and for targets the fused operator cannot run);
+over a non-empty cache takes one sequence (batch 1). The runtime's calls are so. The standard graph stays for
+TensorRT (and for targets the fused operator cannot run);
 ``graph_for`` says which graph a backend runs.
 """
 

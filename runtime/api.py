@@ -139,14 +139,16 @@ class EagleRuntime:
 
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
-             threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1) -> EagleRuntime:
+             threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1,
+             fused: bool = True) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
         backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
         on a CUDA GPU). threads: intra-op threads per graph (ort; None: its default); prefill_chunk: prompt
         tokens per prefill forward (bounds the prefill's scratch memory; tensorrt caps it at --max-prefill).
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
-        ``submit``, at most the artifact's ``export --max-batch``).
+        ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
+        graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two).
         """
         t0 = time.perf_counter()
         directory = Path(directory)
@@ -157,7 +159,7 @@ class EagleRuntime:
         if backend == "ort":
             from .ort_backend import OrtBackend
 
-            be = OrtBackend(directory, manifest, providers, threads)
+            be = OrtBackend(directory, manifest, providers, threads, fused=fused)
         elif backend == "tensorrt":
             from .trt_backend import TrtBackend
 

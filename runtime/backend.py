@@ -26,6 +26,9 @@ class Backend(Protocol):
 
     #: Short name: "ort" or "tensorrt" (what ``--backend`` takes).
     name: str
+    #: The target graph it runs (``contract.graph_for``): "target_verify_fused" (ONNX Runtime, where the artifact has
+    #: it; the loop then binds whole-buffer caches written in place) or "target_verify".
+    target_graph: str
     #: The torch device of the buffers ``zeros`` allocates ("cpu", "cuda:0").
     device: str
     #: True when those buffers are plain host memory that the loop may read and write through numpy views at any

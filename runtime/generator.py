@@ -161,7 +161,7 @@ class Generator:
         t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
         d_slot = self.capacity + lim.max_draft_rows + lim.max_context_rows
         # The target graph this backend runs: ONNX Runtime's fused graph writes its cache in place (contract 4).
-        self.tgraph = C.graph_for(backend.name, "target", manifest.graphs)
+        self.tgraph = backend.target_graph
         self.fused = self.tgraph == C.TARGET_FUSED_GRAPH
         if self.fused:
             rows = manifest.graphs[self.tgraph].axes[C.CAPACITY][1]

@@ -54,6 +54,11 @@ class KVCache:
         self._np_all = self._all.numpy() if cpu else None
         self._np_new = self._new.numpy() if cpu else None
 
+    @property
+    def allocations(self) -> list[torch.Tensor]:
+        """What it allocated: the cache, then the new-rows scratch."""
+        return [self._all, self._new]
+
     def rows(self, start: int, count: int) -> list[torch.Tensor]:
         """Contiguous views of cache rows [start, start + count) of every buffer (no copy)."""
         return self._rows.tensors(start, count)
@@ -159,6 +164,11 @@ class FusedKVCache:
         self._tail = (kv_heads, rows, head_dim)
         self._type, self._dev, self._idx = BY_TORCH[dtype].name, dev.type, dev.index or 0
         self._memo: dict[tuple[int, int], list[BufferView]] = {}
+
+    @property
+    def allocations(self) -> list[torch.Tensor]:
+        """What it allocated: the cache (there is no scratch)."""
+        return [self._all]
 
     def bind(self, first: int, count: int) -> list[BufferView]:
         """Slots [first, first + count) of every buffer, [count, kv_heads, rows, head_dim]: a call's past and present

@@ -125,7 +125,8 @@ class OrtBackend:
     max_prefill = None  # any prefill chunk: the graphs' axes are dynamic
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, fused: bool = True):
+        """fused: run the fused target graph where the artifact has one (False: the standard graph, to compare)."""
         if manifest.dtype not in ORT_GRAPH_DTYPES:
             raise ManifestError(
                 f"{directory} holds {manifest.dtype} graphs, which the ort backend cannot run (ONNX Runtime's CPU "
@@ -147,7 +148,8 @@ class OrtBackend:
         self.host_memory = self.device == "cpu"
         self.last_exec_s: float | None = 0.0
         # The graphs this backend runs (the fused target graph where the artifact has one), and only those.
-        runs = {C.graph_for(self.name, role, manifest.graphs) for role in ("target", "draft")}
+        self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
+        runs = {self.target_graph, C.DRAFT_GRAPH}
         self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads)
                        for name in runs}
         for name in runs:

@@ -394,6 +394,7 @@ class TrtBackend:
     """
 
     name = "tensorrt"
+    target_graph = C.TARGET_GRAPH  # engines are built from the standard graphs
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
 

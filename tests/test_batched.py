@@ -261,10 +261,10 @@ streams = [rt.submit(prompt_ids=list(range(3, 23 + 5 * i)), max_new_tokens=24, s
 for s in streams:
     s.wait(timeout=300)
 g = rt.scheduler.gen
-bufs = [g.tcache._all, g.tcache._new, g.dcache._all, g.dcache._new, g.ctx_hidden, *g._t.values()]
+bufs = [*g.tcache.allocations, *g.dcache.allocations, g.ctx_hidden, *g._t.values()]
 host = [g._mask.array, g._ids.array, g._pos.array, g._lidx.array, g.ctx_vals, g.ctx_ids]
 print(json.dumps({"rss": rss() - before, "active": max(rt.scheduler.active_per_round),
-                  "kv": sum(t.numel() * t.element_size() for t in (g.tcache._all, g.dcache._all)),
+                  "kv": sum(t.numel() * t.element_size() for t in (g.tcache.allocations[0], g.dcache.allocations[0])),
                   "buffers": sum(t.numel() * t.element_size() for t in bufs) + sum(a.nbytes for a in host)}))
 """
 

@@ -186,6 +186,7 @@ class PlanningBackend:
     is what ``zeros`` allocated (256-byte aligned host memory); anything else is a host array to stage."""
 
     name = "ort+trt-plan"
+    target_graph = "target_verify"
     device = "cpu"
     host_memory = True
     max_prefill = None

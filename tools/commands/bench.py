@@ -75,6 +75,7 @@ class TimingBackend:
         self.device = inner.device
         self.host_memory = inner.host_memory
         self.max_prefill = inner.max_prefill
+        self.target_graph = inner.target_graph
         self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)

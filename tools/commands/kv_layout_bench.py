@@ -93,7 +93,7 @@ def _timed(graph, inputs: dict, outputs: dict) -> tuple[float, float]:
 def measure(artifact: str | Path, tokens: int = 8, pasts: tuple[int, ...] = (32, 128, 512), repeats: int = 40,
             threads: int | None = None, seed: int = 0) -> tuple[int, list[LayoutRow]]:
     """(capacity, one LayoutRow per past length) on ONNX Runtime."""
-    rt = EagleRuntime.open(artifact, threads=threads)
+    rt = EagleRuntime.open(artifact, threads=threads, fused=False)  # the standard graph's two designs
     gen, capacity = rt.generator, rt.manifest.max_seq_len
     if not 1 <= tokens <= rt.manifest.tree_limits.max_verify_tokens:
         raise EagleExportError(f"--tokens must be in 1..{rt.manifest.tree_limits.max_verify_tokens}, got {tokens}")
