@@ -140,7 +140,7 @@ class EagleRuntime:
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
              threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1,
-             fused: bool = True) -> EagleRuntime:
+             fused: bool = True, spin: str | None = None) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
         backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
@@ -148,7 +148,8 @@ class EagleRuntime:
         tokens per prefill forward (bounds the prefill's scratch memory; tensorrt caps it at --max-prefill).
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
         ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
-        graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two).
+        graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two). spin:
+        ONNX Runtime's thread spin policy, "off", "run" or "on" (None: the backend's default, "run"; docs/runtime.md).
         """
         t0 = time.perf_counter()
         directory = Path(directory)
@@ -157,9 +158,9 @@ class EagleRuntime:
             raise GenerationError(f"max_batch must be an integer in [1, {manifest.max_batch}] (the artifact's batch "
                                   f"range, `export --max-batch`), got {max_batch!r}")
         if backend == "ort":
-            from .ort_backend import OrtBackend
+            from .ort_backend import DEFAULT_SPIN, OrtBackend
 
-            be = OrtBackend(directory, manifest, providers, threads, fused=fused)
+            be = OrtBackend(directory, manifest, providers, threads, fused=fused, spin=spin or DEFAULT_SPIN)
         elif backend == "tensorrt":
             from .trt_backend import TrtBackend
 

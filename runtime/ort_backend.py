@@ -22,17 +22,35 @@ from .views import BufferView, view_of
 log = logging.getLogger(__name__)
 
 
+# ONNX Runtime's intra-op thread spinning, per session (docs/runtime.md, "Threading"):
+#   "off": never spin (threads sleep between the parallel parts of a call, and after it);
+#   "run": spin while a call runs, stop as it returns (the loop's host work between calls keeps its core);
+#   "on":  ONNX Runtime's default, spin on after a call too (for back-to-back calls with no host work between).
+SPIN_POLICIES = ("off", "run", "on")
+DEFAULT_SPIN = "run"
+
+
+def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.SessionOptions:
+    """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
+    policy of ``SPIN_POLICIES``."""
+    if spin not in SPIN_POLICIES:
+        raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, got {spin!r}")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if spin == "off" else "1")
+    if spin == "run":
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return opts
+
+
 class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
-    def __init__(self, path: Path, providers: list[str], threads: int | None = None):
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        if threads:
-            opts.intra_op_num_threads = threads
-        # The loop alternates short graph calls with host work: spinning threads would only steal its core.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = DEFAULT_SPIN):
+        opts = session_options(threads, spin)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as e:
@@ -125,8 +143,9 @@ class OrtBackend:
     max_prefill = None  # any prefill chunk: the graphs' axes are dynamic
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
-                 threads: int | None = None, fused: bool = True):
-        """fused: run the fused target graph where the artifact has one (False: the standard graph, to compare)."""
+                 threads: int | None = None, fused: bool = True, spin: str = DEFAULT_SPIN):
+        """fused: run the fused target graph where the artifact has one (False: the standard graph, to compare).
+        spin: the intra-op threads' spin policy (``SPIN_POLICIES``)."""
         if manifest.dtype not in ORT_GRAPH_DTYPES:
             raise ManifestError(
                 f"{directory} holds {manifest.dtype} graphs, which the ort backend cannot run (ONNX Runtime's CPU "
@@ -150,7 +169,8 @@ class OrtBackend:
         # The graphs this backend runs (the fused target graph where the artifact has one), and only those.
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
         runs = {self.target_graph, C.DRAFT_GRAPH}
-        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads)
+        self.spin = spin
+        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads, spin)
                        for name in runs}
         for name in runs:
             g, session = manifest.graphs[name], self.graphs[name]
