@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from eagle_export.runtime.ort_backend import OrtGraph
+from eagle_export.runtime.ort_backend import OrtGraph, session_options
 
 
 @pytest.fixture()
@@ -116,3 +116,25 @@ def test_fp16_on_the_cpu_says_what_it_costs(models, caplog):
             OrtBackend(art, load_manifest(art), threads=1)
         text = " ".join(r.getMessage() for r in caplog.records)
         assert ("--dtype fp32 for the CPU" in text and "twice" in text) is warned, text
+
+
+@pytest.mark.parametrize("spin, allow, stop", [("off", "0", None), ("run", "1", "1"), ("on", "1", None)])
+def test_spin_policy_sets_onnx_runtime_spinning(spin, allow, stop):
+    """Each policy is the ONNX Runtime configuration docs/runtime.md names: "run" spins during a call and stops as
+    it returns (the loop's host work keeps its core), "off" never spins, "on" spins after the call too."""
+    opts = session_options(2, spin)
+
+    def entry(key):
+        try:
+            return opts.get_session_config_entry(key)
+        except Exception:  # noqa: BLE001 - ONNX Runtime raises for a key never set
+            return None
+
+    assert entry("session.intra_op.allow_spinning") == allow
+    assert entry("session.force_spinning_stop") == stop
+    assert opts.intra_op_num_threads == 2
+
+
+def test_unknown_spin_policy_is_refused():
+    with pytest.raises(ValueError, match="spin must be one of"):
+        session_options(None, "sometimes")
