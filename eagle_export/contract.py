@@ -67,6 +67,8 @@ CAPACITY = "capacity"  # fused target graph: rows of each sequence's whole cache
 TARGET_GRAPH = "target_verify"
 DRAFT_GRAPH = "draft_step"
 TARGET_FUSED_GRAPH = "target_verify_fused"  # ONNX Runtime's fused variant of the target graph (contract 4)
+# The graphs TensorRT builds and runs (standard operators only).
+ENGINE_GRAPHS = (TARGET_GRAPH, DRAFT_GRAPH)
 # GroupQueryAttention's CPU kernel takes head sizes that are multiples of this (ONNX Runtime 1.31).
 FUSED_HEAD_DIM_MULTIPLE = 16
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle_export import contract as C
 from eagle_export.contract import GraphSpec
 from eagle_export.dtypes import BY_TRT
 from eagle_export.errors import EngineError
@@ -288,7 +289,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             cache_owner = (cache_builder, cache_builder.create_builder_config())
             timing_cache = cache_owner[1].create_timing_cache(blob)
 
-    names = list(manifest.graphs)
+    names = [n for n in C.ENGINE_GRAPHS if n in manifest.graphs]  # not the fused graph: ONNX Runtime's ops
     bar = progress_bar(len(names), "build", "engine", progress)
     built: dict[str, tuple[EngineEntry, Path]] = {}
     tmp_files: list[Path] = []

@@ -267,7 +267,7 @@ class Generator:
         rb = self._rows[name]
         return rb.block(0, slots, count)[0]
 
-    def _target_io(self, a: int, n: int, r: int, slot: int, row0: int = 0) -> tuple[dict, MappingProxyType]:
+    def _target_io(self, a: int, n: int, r: int, slot: int = 0, row0: int = 0) -> tuple[dict, MappingProxyType]:
         """The target call's fixed bindings. Fused: the caches of slots [slot, slot + a) are inputs and outputs
         alike (written in place); standard: the new rows land in the scratch. Logits and features from output row
         ``row0`` on."""

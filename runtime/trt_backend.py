@@ -285,7 +285,7 @@ def check_engines(directory: Path, manifest: Manifest) -> None:
     """What can be checked without CUDA: engines were built, their files are there."""
     if manifest.engines is None:
         raise EngineError(f"{directory} has no TensorRT engines: run `eagle-export build {directory}` first")
-    for name in manifest.graphs:
+    for name in C.ENGINE_GRAPHS:
         entry = manifest.engines.graphs.get(name)
         if entry is None:
             raise EngineError(f"{directory}: no engine for graph {name}: run `eagle-export build {directory}`")
@@ -443,7 +443,7 @@ class TrtBackend:
         self.runtime = self.lib.module.Runtime(self.logger)
         self.graphs = {
             name: _TrtGraph(self, name, directory / info.graphs[name].file, g.spec, profiles_of(manifest, name))
-            for name, g in manifest.graphs.items()
+            for name, g in manifest.graphs.items() if name in C.ENGINE_GRAPHS
         }
         # One block of context (activation) memory for every context of both engines: they run one at a time.
         size = max(g.memory_needed for g in self.graphs.values())

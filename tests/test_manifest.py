@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from model_table import EAGLE3_MODELS
 
+from eagle_export import contract as C
 from eagle_export.contract import CONTRACT_VERSION
 from eagle_export.errors import ManifestError
 from eagle_export.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, load_manifest
@@ -164,7 +165,8 @@ def test_external_data_deleted(copy):
 
 @pytest.mark.parametrize("how", ["few_bytes", "truncated"])
 def test_corrupt_onnx(copy, how):
-    path = copy / "target_verify.onnx"
+    m = load_manifest(copy)  # the target graph ONNX Runtime runs (the fused one, where there is one)
+    path = copy / m.graphs[C.graph_for("ort", "target", m.graphs)].file
     data = path.read_bytes()
     path.write_bytes(b"\x08\x07garbage" if how == "few_bytes" else data[: len(data) // 3])
     load_manifest(copy)  # the manifest itself is fine; the runtime finds the broken graph
@@ -173,7 +175,8 @@ def test_corrupt_onnx(copy, how):
 
 def test_graph_with_other_inputs_than_listed(copy):
     # The target entry points at the draft graph: its inputs/outputs are not the listed ones.
-    edit_manifest(copy, lambda m: m["graphs"]["target_verify"].update(file="draft_step.onnx"))
+    graph = C.graph_for("ort", "target", load_manifest(copy).graphs)
+    edit_manifest(copy, lambda m: m["graphs"][graph].update(file="draft_step.onnx"))
     broken(copy, "draft_step.onnx", "inputs/outputs", "re-export", runtime_only=True)
 
 
@@ -196,7 +199,7 @@ def test_runtime_allocates_buffers_once(artifact):
     assert len(g.tcache.buffers) == 2 * m.target.num_layers and len(g.dcache.buffers) == 2
 
     def pointers() -> list[int]:
-        tensors = [*g.tcache.buffers, *g.dcache.buffers, *g.tcache.new_buffers, *g.dcache.new_buffers, g.logits,
+        tensors = [*g.tcache.allocations, *g.dcache.allocations, g.logits,
                    g.tfeats, g.dvals, g.dids, g.dhidden, g.dfeats_in, g.dhidden_in]
         scratch = [g._mask, g._ids, g._pos, g._lidx]
         return [t.data_ptr() for t in tensors] + [s.array.ctypes.data for s in scratch]

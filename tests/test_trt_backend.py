@@ -49,7 +49,8 @@ def planners(manifest, alignment=256):
     """GraphBindings per graph with fake staging/scratch addresses, laid out as TrtBackend lays them out."""
     fake = itertools.count(BASE, 1 << 24)
     out = {}
-    for name, g in manifest.graphs.items():
+    for name in C.ENGINE_GRAPHS:
+        g = manifest.graphs[name]
         profiles = profiles_of(manifest, name)
         staging, scratch = buffer_layout(g.spec, profiles, alignment)
         out[name] = GraphBindings(
@@ -193,7 +194,7 @@ class PlanningBackend:
     last_exec_s = None
 
     def __init__(self, art, manifest):
-        self.ort = OrtBackend(art, manifest, threads=1)
+        self.ort = OrtBackend(art, manifest, threads=1, fused=False)  # the engines run the standard graph
         self.planners = planners(manifest)
         for p in self.planners.values():
             p.is_device = self.is_device
