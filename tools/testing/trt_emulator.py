@@ -698,6 +698,8 @@ class EmulatedContext:
 
 
 def _decode(raw: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if raw.size == 0:
+        return np.zeros(shape, dtype=np.float32 if dtype == "bfloat16" else DTYPES[dtype].numpy)
     if dtype == "bfloat16":
         return torch.from_numpy(raw).view(torch.bfloat16).float().numpy().reshape(shape)  # computed in fp32
     return raw.view(DTYPES[dtype].numpy).reshape(shape)
