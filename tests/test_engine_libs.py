@@ -41,7 +41,8 @@ def test_auto_skips_an_unsupported_tensorrt(monkeypatch):
 
 def test_explicit_unsupported_version(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", fake_module("tensorrt", "8.6.1"))
-    with pytest.raises(EngineError, match=r"tensorrt 8\.6\.1 is not supported: eagle-export needs tensorrt >=10\.1,<12"):
+    with pytest.raises(EngineError, match=r"tensorrt 8\.6\.1 is not supported: eagle-export needs tensorrt "
+                                          r">=10\.1,<12"):
         load_lib("tensorrt")
 
 

@@ -4,9 +4,9 @@ pip resolves the meta packages and bindings wheels there; the libs wheels come f
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
