@@ -518,7 +518,7 @@ class TrtBackend:
             self.mem.copy(g.staging[b.name][:n], self.mem.bytes_at(x))
             return
         if g.h2d_pending:  # the pinned buffers may still feed the previous call's copies
-            pass
+            g.h2d_done.synchronize()
             g.h2d_pending = False
         np.copyto(g.pinned_np[b.name][:n], host_array(x._replace(dtype="uint8", shape=(n,))))
         self.mem.copy(g.staging[b.name][:n], g.pinned[b.name][:n])

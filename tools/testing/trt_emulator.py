@@ -10,21 +10,22 @@ planning, binding, staging, profile choice and contexts) with its two seams swap
   in ``RULES``) and then runs the engine's *source ONNX graph* with ONNX Runtime (CPU provider) over exactly
   the memory the backend bound. bf16 graphs are computed in fp32, converting at the bound memory.
 - ``mem``: ``EmulatedMemory`` in place of ``CudaMemory``: "device memory" is 256-byte aligned host memory
-  allocated through it (and only that counts as device memory), streams and events are recorded, and a
-  work queued on a stream (an engine call, a copy made through ``mem.copy``) runs in order at a
-  synchronisation point (``caller.wait_stream(stream)``, ``stream.synchronize()``). Until then a call's
-  outputs hold 0xFF bytes (NaN, -1), and a read through ``to_host`` or a new call is a rule violation.
+  allocated through it (and only that counts as device memory). Work queued on a stream (a memset of a new
+  buffer, a copy made through ``mem.copy``, an engine call, an event record, a wait edge) runs as late as CUDA
+  allows: when a stream or event synchronize, a host read (``to_host``) or a wait edge onto the default stream
+  forces it, other streams' awaited work first. Pinned host memory is read when its copy runs; a read of bytes
+  whose queued write has not run sees poison (0xFF: NaN, -1). The default stream (the host-side caller's) runs
+  its work at once: the caller touches emulated device memory in ways the emulator cannot see.
 
 A broken rule raises ``RuleViolation`` (an ``AssertionError``: nothing in the product catches it) whose
 message starts with ``TensorRT rule broken (<rule>)``. Where real TensorRT reports an error by return
-value (a shape outside the profile: ``set_input_shape`` returns False and logs), the emulator does the same
-and logs the rule's message.
+value (a shape outside the profile: ``set_input_shape`` returns False and logs; a misaligned address:
+``set_tensor_address`` returns False), the emulator does the same and logs the rule's message.
 
 What the emulator cannot show: kernel numerics (it computes with ONNX Runtime's CPU kernels, bf16 in fp32),
-timing, TensorRT-RTX's JIT compilation and runtime cache, concurrency between streams (queued work runs at the
-next synchronisation point, in order), torch ops of the caller that read unsynchronised outputs without going
-through ``to_host`` (caught at the next call instead) or that write inputs a queued call has not read yet, and
-what CUDA does on a fault (the emulator only raises at the next synchronisation).
+timing, TensorRT-RTX's JIT compilation and runtime cache, true concurrency (it runs one adversarial order),
+ordering bugs against the default stream (its work runs at once), torch ops of the caller on device memory (run
+at host time), and what CUDA does on a fault (the emulator only raises at the next synchronisation).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ class EmulatedMemory:
     late as CUDA allows.
 
     Every queued op (copies, memsets of new buffers, engine calls, event records, wait edges) runs only when forced:
-    a stream or event synchronize, a host read (``to_host``), or a torch op of the caller on device memory (which
-    runs on the current stream, after what is queued there). Forcing an op first runs the work it waits for on other
+    a stream or event synchronize, a host read (``to_host``), or any work queued on the default stream (which runs
+    at once, see ``enqueue``). Forcing an op first runs the work it waits for on other
     streams, then its own stream's earlier work: of the orders CUDA allows, the one that puts the forced stream's own
     pending work last, so a missing wait edge lets another stream run before the work it should have waited for.
     A read (an engine's input, a copy's source, a host read) of bytes that a write queued earlier has not yet written
