@@ -426,6 +426,17 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         sys.exit(1)
 
 
+@main.command("gpu-check", add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def gpu_check_cmd(ctx) -> None:
+    """Check this GPU end to end: export tiny models, build TensorRT engines, run and compare with the reference
+    (`eagle-export gpu-check --help` lists its options; --emulate runs it on a CPU)."""
+    from .tools.commands.gpu_check import main as gpu_check
+
+    gpu_check.main(args=list(ctx.args), prog_name="eagle-export gpu-check")
+
+
 @main.command("serve")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,

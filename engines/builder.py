@@ -27,7 +27,7 @@ from eagle_export.errors import EngineError
 from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
 from eagle_export.progress import progress_bar
 
-from .libs import TrtLib, load_lib, make_logger
+from .libs import RTX_BUILD_FOR, TrtLib, capability_text, load_lib, make_builder, make_logger
 from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class BuiltEngine:
     warnings: list[str] = field(default_factory=list)
 
 
-def _dtype_name(dt) -> str:
+def dtype_name(dt) -> str:
     """TensorRT DataType -> the contract's dtype name (eagle_export.dtypes); an unknown one by its own name."""
     member = getattr(dt, "name", str(dt).rsplit(".", 1)[-1])
     known = BY_TRT.get(member)
@@ -142,7 +142,7 @@ def _check_network(net, spec: GraphSpec, profiles: list[Profile], where: str) ->
         )
     for t in (*spec.inputs, *spec.outputs):
         tensor = ins.get(t.name) or outs[t.name]
-        got = _dtype_name(tensor.dtype)
+        got = dtype_name(tensor.dtype)
         if got != t.dtype:
             raise EngineError(f"{where}: {t.name} is {got} in the network, the manifest says {t.dtype}: re-export")
         shape = tuple(tensor.shape)
@@ -179,6 +179,30 @@ def profile_deviations(spec: GraphSpec, profile: Profile) -> list[str]:
     return out
 
 
+def rtx_targets(lib: TrtLib, dtype: str) -> list[str]:
+    """The ``ComputeCapability`` members of ``RTX_BUILD_FOR`` this TensorRT-RTX module names, less Turing (7.5) for
+    float32 and bfloat16 graphs: TensorRT-RTX 1.7 refuses to compile FP32 GEMMs for SM75 ("FP32 GEMM is not
+    supported"), and Turing has no bfloat16."""
+    return [m for m in RTX_BUILD_FOR if hasattr(lib.module.ComputeCapability, m)
+            and (m != "SM75" or dtype == "float16")]
+
+
+def set_compute_capabilities(lib: TrtLib, config, dtype: str, where: str) -> None:
+    """TensorRT-RTX compiles for the compute capabilities its builder config names; its default set leaves out
+    Turing (7.5), so every one of ``rtx_targets`` is named (the manifest records them)."""
+    cc = lib.module.ComputeCapability
+    targets = rtx_targets(lib, dtype)
+    config.num_compute_capabilities = len(targets)
+    for i, member in enumerate(targets):
+        if not config.set_compute_capability(getattr(cc, member), i):
+            raise EngineError(f"{where}: TensorRT-RTX refused compute capability {capability_text(member)}")
+
+
+def _graph_dtype(spec: GraphSpec) -> str:
+    """The graph's floating-point dtype (the manifest's ``dtype``): its first floating-point input's."""
+    return next((t.dtype for t in spec.inputs if t.dtype.startswith(("float", "bfloat"))), "float32")
+
+
 def _lib_label(lib: TrtLib) -> str:
     return f"{lib.name} {lib.version}"
 
@@ -210,7 +234,7 @@ def _build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, prof
     trt = lib.module
     logger = make_logger(lib)
     where = f"graph {graph} ({onnx_path.name}, {_lib_label(lib)})"
-    builder = trt.Builder(logger)
+    builder = make_builder(lib, logger)
     flags = 0
     if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
@@ -230,6 +254,8 @@ def _build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, prof
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace))
     if timing_cache is not None:
         config.set_timing_cache(timing_cache, False)
+    if lib.is_rtx:
+        set_compute_capabilities(lib, config, _graph_dtype(spec), where)
     monitor = _make_monitor(lib, bar)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -273,7 +299,6 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
                                                      options.max_tree_tokens))
     workspace = parse_size(options.workspace)
     lib = load_lib(options.engine_lib)
-    trt = lib.module
 
     timing_cache = None
     cache_path = Path(options.timing_cache) if options.timing_cache else None
@@ -285,7 +310,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             cache_path = None
         else:
             blob = cache_path.read_bytes() if cache_path.is_file() else b""
-            cache_builder = trt.Builder(make_logger(lib))
+            cache_builder = make_builder(lib, make_logger(lib))
             cache_owner = (cache_builder, cache_builder.create_builder_config())
             timing_cache = cache_owner[1].create_timing_cache(blob)
 
@@ -315,7 +340,9 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
         manifest.engines = EnginesInfo(
             lib=lib.name, lib_version=lib.version, built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             options={**popts.to_dict(), "workspace": workspace,
-                     "timing_cache": str(cache_path) if cache_path is not None else None},
+                     "timing_cache": str(cache_path) if cache_path is not None else None,
+                     **({"compute_capabilities": [capability_text(m) for m in rtx_targets(lib, manifest.dtype)]}
+                        if lib.is_rtx else {})},
             graphs={name: e for name, (e, _) in built.items()},
         )
         manifest.write(directory)

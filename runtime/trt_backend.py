@@ -277,6 +277,20 @@ class _CudaBytes:
                                          "version": 2}
 
 
+def _not_built_for(info, capability: tuple[int, int]) -> str | None:
+    """TensorRT-RTX engines hold kernels for the compute capabilities the build named (recorded in the manifest;
+    engines built before that was recorded have TensorRT-RTX's default set, which leaves out Turing, 7.5)."""
+    if info.lib != "tensorrt_rtx":
+        return None
+    cc = "{}.{}".format(*capability)
+    built = info.options.get("compute_capabilities")
+    if built is None:
+        return "engines built without a recorded compute capability list leave out 7.5" if cc == "7.5" else None
+    if cc not in built:
+        return f"they were built for compute capabilities {', '.join(built)}, not {cc}"
+    return None
+
+
 def profiles_of(manifest: Manifest, graph: str) -> list[Profile]:
     return [Profile.from_dict(p) for p in manifest.engines.graphs[graph].profiles]
 
@@ -321,11 +335,19 @@ class _TrtGraph:
         ins = {n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
         if ins != set(spec.input_names) or set(names) - ins != set(spec.output_names):
             raise EngineError(f"engine {path} does not have the inputs/outputs of graph {name}: rebuild it")
+        from eagle_export.engines.builder import dtype_name
+
+        for t in (*spec.inputs, *spec.outputs):  # what the engine takes and gives, asked of the engine itself
+            got = dtype_name(engine.get_tensor_dtype(t.name))
+            if got != t.dtype:
+                raise EngineError(f"engine {path}: {t.name} is {got} in the engine, the manifest says {t.dtype}: "
+                                  f"rebuild it with `eagle-export build {path.parent}`")
         if engine.num_optimization_profiles != len(profiles):
             raise EngineError(f"engine {path} has {engine.num_optimization_profiles} profiles, its manifest lists "
                               f"{len(profiles)}: rebuild it")
         self.memory_needed = max(engine.get_device_memory_size_for_profile_v2(i) for i in range(len(profiles)))
         self.runtime_cache = None
+        self.runtime_config = None  # TensorRT-RTX: must outlive the contexts made from it
         self.contexts: list = []
         staging_layout, scratch_layout = buffer_layout(spec, profiles)
         nbytes = lambda dt, k: k * DTYPES[dt].itemsize  # noqa: E731
@@ -364,6 +386,7 @@ class _TrtGraph:
                 if not self.runtime_cache.deserialize(blob_path.read_bytes()):
                     log.info("runtime cache %s does not match this GPU/driver/TensorRT-RTX: starting empty", blob_path)
             config.set_runtime_cache(self.runtime_cache)
+            self.runtime_config = config
         stream = backend.stream.cuda_stream
         for i in range(len(self.profiles)):
             ctx = (self.engine.create_execution_context(config) if config is not None
@@ -372,9 +395,11 @@ class _TrtGraph:
                 raise EngineError(f"could not create an execution context for profile {i} of {self.path}: "
                                   + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
             ctx.set_device_memory(memory, size)
-            if not ctx.set_optimization_profile_async(i, stream):
+            try:  # the Python API raises when TensorRT refuses the profile (it returns True otherwise)
+                ctx.set_optimization_profile_async(i, stream)
+            except Exception as e:
                 raise EngineError(f"could not set profile {i} of {self.path} on its execution context: "
-                                  + "; ".join(backend.logger.errors or ["(TensorRT gave no message)"]))
+                                  + "; ".join(backend.logger.errors or [f"{type(e).__name__}: {e}"])) from None
             self.contexts.append(ctx)
 
 
@@ -415,8 +440,10 @@ class TrtBackend:
         from eagle_export.engines.libs import cannot_run, load_lib, make_logger
 
         why = cannot_run(info.lib, mem.compute_capability)
+        other = "tensorrt" if info.lib == "tensorrt_rtx" else "tensorrt_rtx"
+        if why is None:
+            why, other = _not_built_for(info, mem.compute_capability), info.lib
         if why is not None:
-            other = "tensorrt" if info.lib == "tensorrt_rtx" else "tensorrt_rtx"
             raise EngineError(f"the engines in {directory} were built with {info.lib} {info.lib_version}, which cannot "
                               f"run on this GPU ({mem.gpu_name}): {why}. Rebuild them here with "
                               f"`eagle-export build {directory} --engine-lib {other.replace('_', '-')}`")
@@ -438,6 +465,7 @@ class TrtBackend:
         self.device = mem.device
         self.max_prefill = int(info.options["max_prefill"])
         self.max_tree_tokens = int(info.options["max_tree_tokens"])
+        opener = mem.current_stream()
         self.stream = mem.stream()
         self.logger = make_logger(self.lib)
         self.runtime = self.lib.module.Runtime(self.logger)
@@ -448,6 +476,9 @@ class TrtBackend:
         # One block of context (activation) memory for every context of both engines: they run one at a time.
         size = max(g.memory_needed for g in self.graphs.values())
         self.context_memory = mem.zeros((max(size, 1),), torch.uint8)
+        # The buffers above were zeroed on the opener's stream; the contexts' profile switches and every call run on
+        # the backend's: order them after the zeroing, whatever stream the calls come from.
+        self.stream.wait_stream(opener)
         for g in self.graphs.values():
             g.create_contexts(self, self.context_memory.data_ptr(), size)
         self.stream.synchronize()
@@ -463,7 +494,10 @@ class TrtBackend:
         _save_runtime_caches([(g.runtime_cache, self.runtime_cache_path(g)) for g in self.graphs.values()])
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self.mem.zeros(shape, dtype)
+        """Zeroed on the current stream; the backend's stream waits for it, so a call from any stream sees zeros."""
+        t = self.mem.zeros(shape, dtype)
+        self.stream.wait_stream(self.mem.current_stream())
+        return t
 
     def to_host(self, x: torch.Tensor) -> np.ndarray:
         return self.mem.to_host(x)
@@ -518,6 +552,15 @@ class TrtBackend:
         finally:  # even after an error: work the caller queues next comes after this call's copies
             caller.wait_stream(self.stream)
 
+    def _set_address(self, graph: str, p: int, ctx, addresses: dict, name: str, address: int) -> None:
+        """``set_tensor_address``, whose False (a rejected address) would otherwise leave the previous one bound."""
+        self.logger.reset()
+        if not ctx.set_tensor_address(name, address):
+            addresses.pop(name, None)
+            raise EngineError(f"{graph}: TensorRT rejected address {address:#x} for {name} (profile {p}): "
+                              + "; ".join(self.logger.errors or ["(TensorRT gave no message)"]))
+        addresses[name] = address
+
     def _enqueue(self, g: _TrtGraph, plan: CallPlan, key: tuple, inputs: dict, outputs: dict) -> None:
         """Stage, give the profile's context what changed, execute on the backend's stream (and, with debug_sync,
         wait for it), queue the copies of outputs bound through scratch."""
@@ -540,8 +583,7 @@ class TrtBackend:
                                           f"(profile {p}): " + "; ".join(self.logger.errors))
                     shapes[name] = b.shape
                 if addresses.get(name) != address:
-                    ctx.set_tensor_address(name, address)
-                    addresses[name] = address
+                    self._set_address(graph, p, ctx, addresses, name, address)
         finally:
             if staged:  # recorded even when a later input failed: the next call waits for these copies
                 g.h2d_done.record(s)
@@ -556,8 +598,7 @@ class TrtBackend:
         for b in plan.outputs:
             address = b.address if b.copy_back else outputs[b.name][0]
             if addresses.get(b.name) != address:
-                ctx.set_tensor_address(b.name, address)
-                addresses[b.name] = address
+                self._set_address(graph, p, ctx, addresses, b.name, address)
         self.logger.reset()
         if not ctx.execute_async_v3(s.cuda_stream):
             raise EngineError(f"{graph}: TensorRT execution failed (profile {p}): "

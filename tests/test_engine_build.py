@@ -39,8 +39,11 @@ def test_build_both_graphs(engines, rtx, dtype, precision):
     assert m.dtype == precision
     e = m.engines
     assert e is not None and e.lib == "tensorrt_rtx" and e.lib_version == RTX_VERSION
+    # TensorRT-RTX compiles for the compute capabilities named at build (its default set leaves out Turing): 7.5 for
+    # fp16 only, as TensorRT-RTX refuses fp32 GEMMs for SM75 and Turing has no bf16.
+    built_for = ["7.5"] * (dtype == "fp16") + ["8.0", "8.6", "8.9", "12.0", "12.1"]
     assert e.options == {"max_batch": 1, "max_prefill": 64, "max_tree_tokens": 13, "workspace": None,
-                         "timing_cache": None}
+                         "timing_cache": None, "compute_capabilities": built_for}
     opts = resolve_options(m)
     assert set(e.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
     for name, g in e.graphs.items():
@@ -139,7 +142,7 @@ def test_cli_build_with_options(engines, tmp_path):
     e = load_manifest(art).engines
     # TensorRT-RTX has no timing cache: the option is ignored (with a warning) and not recorded.
     assert e.options == {"max_batch": 1, "max_prefill": 16, "max_tree_tokens": 8, "workspace": 256 * 2**20,
-                         "timing_cache": None}
+                         "timing_cache": None, "compute_capabilities": ["7.5", "8.0", "8.6", "8.9", "12.0", "12.1"]}
     assert not cache.exists()
     assert e.graphs[C.TARGET_GRAPH].profiles[1]["axes"]["logit_rows"] == [1, 8, 8]
 

@@ -54,11 +54,17 @@ def test_gpu_check_runs_end_to_end_on_the_emulator(tmp_path):
 
 
 def test_gpu_check_stops_first_on_a_library_the_gpu_cannot_run(tmp_path):
+    """Through the CLI verb (`eagle-export gpu-check`, listed in --help): the mismatch stops it with the command that
+    installs the library that runs there."""
     from click.testing import CliRunner
 
-    res = CliRunner().invoke(G.main, ["--emulate", "--emulate-capability", "9.0", "--engine-lib", "tensorrt-rtx",
-                                      "--workdir", str(tmp_path)])
+    from eagle_export.cli import main
+
+    assert "gpu-check" in CliRunner().invoke(main, ["--help"]).output
+    res = CliRunner().invoke(main, ["gpu-check", "--emulate", "--emulate-capability", "9.0", "--engine-lib",
+                                    "tensorrt-rtx", "--workdir", str(tmp_path)])
     assert res.exit_code == 2
     assert "library: tensorrt_rtx 1.7.1.116; compute capability 9.0" in res.output
     assert "error: tensorrt_rtx cannot run on compute capability 9.0" in res.output
+    assert 'install the other library (pip install "eagle-export[tensorrt]"' in res.output
     assert not (tmp_path / "target").exists()  # nothing was made before the check

@@ -1,6 +1,6 @@
 """The one script to run on a GPU: export tiny models, build TensorRT engines, run them, compare, time.
 
-    python -m eagle_export.tools.commands.gpu_check [--workdir gpu_check] [--engine-lib auto|tensorrt|tensorrt-rtx]
+    eagle-export gpu-check [--workdir gpu_check] [--engine-lib auto|tensorrt|tensorrt-rtx]
         [--case eagle1:fp32 --case eagle3:bf16 ...] [--prompts 3] [--new-tokens 32] [--json FILE] [--emulate]
 
 Needs an NVIDIA GPU, PyTorch with CUDA and the TensorRT module that runs on it: ``tensorrt`` 10.x/11.x on a
@@ -15,7 +15,9 @@ fp16 and bf16, EAGLE-3 fp16 and bf16; bf16 only from compute capability 8.0):
    Runtime, forced to its CPU provider), and against itself (same seed, same tokens);
 3. per-graph max error of the engines (and of the CPU reference) against the PyTorch modules, for a
    prefill-like and a verify/tree-like call (both profiles);
-4. host work against GPU time per call (CUDA events around each call on the backend's stream), and
+4. greedy EAGLE on ONNX Runtime's CUDA execution provider (fp16/fp32) against the same reference, when
+   ``onnxruntime-gpu`` is installed (else the command that installs it is printed and the step skipped);
+5. host work against GPU time per call (CUDA events around each call on the backend's stream), and
    EAGLE vs ``--no-draft`` tokens/s on the same engines (random heads: tau near 1, so no speedup expected).
 
 Judged (exit status 1 on failure): fp32 tokens equal the reference's (ties with a top-2 gap < 1e-4 excepted),
@@ -54,6 +56,28 @@ VOCAB = 512
 def say(msg: str = "") -> None:
     click.echo(msg)
     sys.stdout.flush()
+
+
+def ort_install_problem() -> str | None:
+    """Why ONNX Runtime's CUDA provider is not usable here, with the command that fixes it, or None."""
+    from importlib import metadata
+
+    import onnxruntime as ort
+
+    from eagle_export.engines.libs import ORT_GPU_INSTALL
+
+    have = set()
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            metadata.version(dist)
+            have.add(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    if have == {"onnxruntime", "onnxruntime-gpu"}:
+        return f"both onnxruntime and onnxruntime-gpu are installed (one module, mixed files): {ORT_GPU_INSTALL}"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"ONNX Runtime has no CUDAExecutionProvider here: {ORT_GPU_INSTALL}"
+    return None
 
 
 def environment() -> dict:
@@ -284,9 +308,14 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
     say(f"library: {lib.label}; compute capability {capability[0]}.{capability[1]}"
         + (" (emulated on the CPU)" if emulate else f" ({env.get('gpu')})"))
     if why is not None:
-        say(f"error: {why}: install the other library (`pip install tensorrt` on data-centre GPUs, "
-            "`pip install tensorrt-rtx-cu12` on RTX cards) or pass --engine-lib")
+        from eagle_export.engines.libs import PIP_HINTS
+
+        other = "tensorrt" if lib.name == "tensorrt_rtx" else "tensorrt_rtx"
+        say(f"error: {why}: install the other library ({PIP_HINTS[other]}) or pass --engine-lib")
         sys.exit(2)
+    ort_problem = None if emulate else ort_install_problem()
+    if ort_problem is not None:
+        say(f"note: {ort_problem}; the ONNX Runtime CUDA step is skipped")
     chosen = list(cases or DEFAULT_CASES)
     for c in chosen:
         head, _, dtype = c.partition(":")
@@ -406,7 +435,24 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
                     if judged and worst > FP32_TOL:
                         failures.append(f"{case} {bname} {graph} {label}: max error {worst:.2e} > {FP32_TOL}")
 
-        # 4. Host work against device time per call, and EAGLE vs --no-draft on the same engines.
+        # 4. ONNX Runtime's CUDA execution provider (ONNX Runtime has no bf16 kernels).
+        if not emulate and ort_problem is None and m.dtype != "bfloat16":
+            cuda_rt = EagleRuntime.open(art, backend="ort", providers=["CUDAExecutionProvider"])
+            same = total = 0
+            notes = []
+            for p, w in zip(prompt_list, want, strict=True):
+                got = cuda_rt.generate(prompt_ids=p, max_new_tokens=new_tokens, tree=tree, stop_on_eos=False).tokens
+                k, n, note = agreement(ref, p, got, w, judged)
+                same, total = same + k, total + n
+                if note:
+                    notes.append(note)
+            out["ort_cuda_greedy"] = {"equal": same, "total": total, "notes": notes}
+            say(f"onnxruntime-cuda eagle: {same}/{total} tokens equal the target's greedy output"
+                + (f" ({', '.join(notes)})" if notes else ""))
+            if judged and [x for x in notes if x != "tie"]:
+                failures.append(f"{case} onnxruntime-cuda: {notes}")
+
+        # 5. Host work against device time per call, and EAGLE vs --no-draft on the same engines.
         rates = {}
         for mode, use_draft in (("eagle", True), ("no-draft", False)):
             timer.host_s.clear()

@@ -10,21 +10,22 @@ planning, binding, staging, profile choice and contexts) with its two seams swap
   in ``RULES``) and then runs the engine's *source ONNX graph* with ONNX Runtime (CPU provider) over exactly
   the memory the backend bound. bf16 graphs are computed in fp32, converting at the bound memory.
 - ``mem``: ``EmulatedMemory`` in place of ``CudaMemory``: "device memory" is 256-byte aligned host memory
-  allocated through it (and only that counts as device memory), streams and events are recorded, and a
-  work queued on a stream (an engine call, a copy made through ``mem.copy``) runs in order at a
-  synchronisation point (``caller.wait_stream(stream)``, ``stream.synchronize()``). Until then a call's
-  outputs hold 0xFF bytes (NaN, -1), and a read through ``to_host`` or a new call is a rule violation.
+  allocated through it (and only that counts as device memory). Work queued on a stream (a memset of a new
+  buffer, a copy made through ``mem.copy``, an engine call, an event record, a wait edge) runs as late as CUDA
+  allows: when a stream or event synchronize, a host read (``to_host``) or a wait edge onto the default stream
+  forces it, other streams' awaited work first. Pinned host memory is read when its copy runs; a read of bytes
+  whose queued write has not run sees poison (0xFF: NaN, -1). The default stream (the host-side caller's) runs
+  its work at once: the caller touches emulated device memory in ways the emulator cannot see.
 
 A broken rule raises ``RuleViolation`` (an ``AssertionError``: nothing in the product catches it) whose
 message starts with ``TensorRT rule broken (<rule>)``. Where real TensorRT reports an error by return
-value (a shape outside the profile: ``set_input_shape`` returns False and logs), the emulator does the same
-and logs the rule's message.
+value (a shape outside the profile: ``set_input_shape`` returns False and logs; a misaligned address:
+``set_tensor_address`` returns False), the emulator does the same and logs the rule's message.
 
 What the emulator cannot show: kernel numerics (it computes with ONNX Runtime's CPU kernels, bf16 in fp32),
-timing, TensorRT-RTX's JIT compilation and runtime cache, concurrency between streams (queued work runs at the
-next synchronisation point, in order), torch ops of the caller that read unsynchronised outputs without going
-through ``to_host`` (caught at the next call instead) or that write inputs a queued call has not read yet, and
-what CUDA does on a fault (the emulator only raises at the next synchronisation).
+timing, TensorRT-RTX's JIT compilation and runtime cache, true concurrency (it runs one adversarial order),
+ordering bugs against the default stream (its work runs at once), torch ops of the caller on device memory (run
+at host time), and what CUDA does on a fault (the emulator only raises at the next synchronisation).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import enum
 import hashlib
 import itertools
 import math
-from dataclasses import dataclass
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,8 @@ RULES = {
     "context-memory": "a context created with USER_MANAGED memory is given device memory large enough before it runs,"
                       " and it overlaps no bound tensor",
     "sync": "outputs are not read before the stream that computed them is synchronised",
+    "dtype": "a tensor is bound to memory of the engine's dtype for it (get_tensor_dtype)",
+    "runtime-config": "an IRuntimeConfig outlives the execution contexts created from it",
 }
 
 
@@ -76,9 +79,35 @@ class RuleViolation(AssertionError):
 
 # ---- device memory, streams, events ---------------------------------------------------------------------
 
+POISON = 0xFF  # the byte a read sees where a write queued before it has not run: NaN, -1, True
+
+
+class _Op:
+    """Work queued on a stream: a copy, a memset, an engine call, or a marker (an event record, a wait edge). It runs
+    when something forces it, after the work before it on its stream and the work it waits for (``deps``)."""
+
+    def __init__(self, seq: int, stream: EmulatedStream, what: str, run=None, deps=(), writes=()):
+        self.seq = seq  # host order: when it was queued
+        self.stream = stream
+        self.what = what  # for messages: "target_verify (profile 1)", "a copy"
+        self.run = run
+        self.deps = [d for d in deps if d is not None and not d.done]
+        self.writes = list(writes)  # (start, end) byte ranges of device memory it writes
+        self.done = False
+
 
 class EmulatedMemory:
-    """Stands in for ``CudaMemory``: 256-byte aligned host memory as device memory, recorded streams."""
+    """Stands in for ``CudaMemory``: 256-byte aligned host memory as device memory, and streams whose work runs as
+    late as CUDA allows.
+
+    Every queued op (copies, memsets of new buffers, engine calls, event records, wait edges) runs only when forced:
+    a stream or event synchronize, a host read (``to_host``), or any work queued on the default stream (which runs
+    at once, see ``enqueue``). Forcing an op first runs the work it waits for on other
+    streams, then its own stream's earlier work: of the orders CUDA allows, the one that puts the forced stream's own
+    pending work last, so a missing wait edge lets another stream run before the work it should have waited for.
+    A read (an engine's input, a copy's source, a host read) of bytes that a write queued earlier has not yet written
+    sees ``POISON`` bytes. Pinned host memory is read when its copy runs, not when the copy was queued.
+    """
 
     device = "cpu"
 
@@ -86,22 +115,28 @@ class EmulatedMemory:
         self.compute_capability = tuple(compute_capability)
         self.gpu_name = f"emulated GPU, compute capability {compute_capability[0]}.{compute_capability[1]}"
         self._starts: list[int] = []
-        self._blocks: list[tuple[int, int, torch.Tensor]] = []  # (start, end, owner), sorted by start
+        self._blocks: list[tuple[int, int, torch.Tensor, torch.dtype]] = []  # (start, end, owner, dtype), by start
         self._handles = itertools.count(0x1000)
+        self._seq = itertools.count()
         self.streams: dict[int, EmulatedStream] = {}
-        self.default = self.stream()  # the caller's ("current") stream
+        self.default = self.stream()  # the caller's stream when no ``on`` is active
         self._on: EmulatedStream | None = None
+        self.poisoned_reads: list[str] = []  # what read bytes of a write still queued (for messages and tests)
 
     # allocation
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """As ``torch.zeros`` on a device: the memory is poison until the memset queued on the current stream runs."""
         n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        raw = torch.zeros(n + TRT_ADDRESS_ALIGNMENT, dtype=torch.uint8)
+        raw = torch.full((n + TRT_ADDRESS_ALIGNMENT,), POISON, dtype=torch.uint8)
         off = -raw.data_ptr() % TRT_ADDRESS_ALIGNMENT
         t = raw[off:off + n].view(dtype).view(shape)
         start = raw.data_ptr() + off
         i = bisect.bisect(self._starts, start)
         self._starts.insert(i, start)
-        self._blocks.insert(i, (start, start + n, raw))
+        self._blocks.insert(i, (start, start + n, raw, dtype))
+        if n:
+            self.enqueue(self.current_stream(), "a memset of a new buffer", lambda op: ctypes.memset(start, 0, n),
+                         writes=[(start, start + n)])
         return t
 
     def pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -113,10 +148,15 @@ class EmulatedMemory:
     def block_of(self, address: int) -> tuple[int, int] | None:
         i = bisect.bisect(self._starts, address) - 1
         if i >= 0:
-            start, end, _ = self._blocks[i]
+            start, end, _, _ = self._blocks[i]
             if start <= address <= end:  # the end too: an empty view may sit just past a buffer's last row
                 return start, end
         return None
+
+    def dtype_at(self, address: int) -> torch.dtype | None:
+        """The dtype the buffer holding ``address`` was allocated with (uint8: untyped bytes)."""
+        i = bisect.bisect(self._starts, address) - 1
+        return self._blocks[i][3] if i >= 0 and self._blocks[i][0] <= address <= self._blocks[i][1] else None
 
     def check_inside(self, name: str, address: int, nbytes: int, what: str) -> None:
         block = self.block_of(address)
@@ -127,45 +167,112 @@ class EmulatedMemory:
     def bytes_at(self, v: BufferView) -> torch.Tensor:
         return _bytes(v.address, v.nbytes)
 
-    # streams and events
+    # streams, events and the queue
     def stream(self) -> EmulatedStream:
         s = EmulatedStream(self, next(self._handles))
         self.streams[s.cuda_stream] = s
         return s
 
     def current_stream(self) -> EmulatedStream:
-        self.check_no_unsynchronised("a new call was made")
-        return self.default
+        return self._on or self.default
 
     def on(self, stream: EmulatedStream):
+        """``torch.cuda.stream(s)``: ``s`` is the current stream inside."""
         return _On(self, stream)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """A device copy queued on the stream of the enclosing ``on`` (run at once outside one)."""
-        stream = self._on
-        if stream is None:
-            dst.copy_(src)
-        else:
-            stream.ops.append(_Op("a copy", lambda: dst.copy_(src)))
-
     def event(self) -> EmulatedEvent:
-        return EmulatedEvent()
+        return EmulatedEvent(self)
+
+    def enqueue(self, stream: EmulatedStream, what: str, run=None, deps=(), writes=()) -> _Op:
+        """Queue work on ``stream``. The default stream runs it at once: it stands for the host-side caller, whose
+        reads and writes of emulated device memory (host memory, which the KV cache writes through numpy views) the
+        emulator cannot see, so work the caller queues there, and the work it waits for, is done before the caller
+        goes on. Every other stream is lazy."""
+        op = _Op(next(self._seq), stream, what, run, deps, writes)
+        stream.queue.append(op)
+        if stream is self.default:
+            self.force(op)
+        return op
+
+    def force(self, op: _Op) -> None:
+        """Run ``op`` and everything it needs: the work it and its stream's earlier ops wait for on other streams
+        first (latest first), then its stream's pending work in order."""
+        if op.done:
+            return
+        queue = op.stream.queue
+        span = queue[:queue.index(op) + 1]
+        for o in reversed(span):
+            for d in o.deps:
+                self.force(d)
+        for o in span:
+            if not o.done:
+                o.stream.fault = o.stream.fault or next((d.stream.fault for d in o.deps if d.stream.fault), None)
+                if o.run is not None:
+                    o.run(o)
+                o.done = True
+                queue.remove(o)
+
+    def sync_current(self) -> None:
+        s = self.current_stream()
+        if s.queue:
+            self.force(s.queue[-1])
+
+    def pending_writes(self, start: int, end: int, before: int) -> list[tuple[int, int, str]]:
+        """Byte ranges of [start, end) that ops queued before ``before`` (host order) write and have not run."""
+        out = []
+        for s in self.streams.values():
+            for op in s.queue:
+                if op.seq < before:
+                    out += [(max(a, start), min(b, end), op.what) for a, b in op.writes if a < end and start < b]
+        return out
+
+    def read(self, address: int, nbytes: int, before: int, reader: str) -> np.ndarray:
+        """The bytes a reader queued at ``before`` sees: poison where an earlier queued write has not run."""
+        data = _bytes(address, nbytes).numpy().copy()
+        for a, b, what in self.pending_writes(address, address + nbytes, before):
+            data[a - address:b - address] = POISON
+            self.poisoned_reads.append(f"{reader} read {b - a} bytes at {a:#x} before {what} wrote them")
+        return data
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src, non_blocking=True)``: queued on the current stream; the source (device or pinned host
+        memory) is read when the copy runs."""
+        if dst.nbytes != src.nbytes or not (dst.is_contiguous() and src.is_contiguous()):
+            raise AssertionError("the emulator copies whole contiguous buffers of equal size")
+        d, n, sp = dst.data_ptr(), dst.nbytes, src.data_ptr()
+
+        def run(op: _Op) -> None:
+            data = (self.read(sp, n, op.seq, "a copy") if self.block_of(sp) is not None
+                    else _bytes(sp, n).numpy().copy())
+            ctypes.memmove(d, data.ctypes.data, n)
+
+        self.enqueue(self.current_stream(), "a copy", run, writes=[(d, d + n)] if n else [])
 
     def to_host(self, x: torch.Tensor) -> np.ndarray:
-        self.default.synchronize()  # what x.cpu() does: the caller's stream, and what it waited for
-        self.check_no_unsynchronised(f"a host read of {tuple(x.shape)} {x.dtype} memory")
-        return x.numpy().copy()
-
-    def check_no_unsynchronised(self, when: str) -> None:
-        for s in self.streams.values():
-            what = next((op.what for op in s.ops if op.what != "a copy"), None)  # a graph call's outputs
-            if what is not None:
-                raise RuleViolation("sync", f"{when} while the outputs of {what} on stream {s.cuda_stream:#x} were "
-                                            "not synchronised (no wait_stream / synchronize)")
+        """``x.cpu()``: waits for the current stream (and what it waits for); bytes that a write queued before
+        still has not written (on a stream the current one does not wait for) read as poison."""
+        self.sync_current()
+        s = self.current_stream()
+        if s.fault is not None:
+            raise RuntimeError(s.fault)
+        out = x.numpy().copy()
+        start, nbytes = x.data_ptr(), x.numel() * x.element_size()
+        contiguous = x.is_contiguous()
+        hazards = self.pending_writes(start, start + nbytes, next(self._seq))
+        if hazards:
+            flat = out.reshape(-1).view(np.uint8)
+            for a, b, what in hazards:
+                if contiguous:
+                    flat[a - start:b - start] = POISON
+                else:
+                    flat[:] = POISON
+                self.poisoned_reads.append(f"a host read of {tuple(x.shape)} {x.dtype} memory read {b - a} bytes "
+                                           f"before {what} wrote them")
+        return out
 
 
 class _On:
-    """``torch.cuda.stream(s)``: copies made through the memory inside it are queued on ``s``."""
+    """``torch.cuda.stream(s)``: ``s`` is the current stream inside."""
 
     def __init__(self, mem: EmulatedMemory, stream: EmulatedStream):
         self.mem, self.stream = mem, stream
@@ -179,53 +286,56 @@ class _On:
         return False
 
 
-@dataclass
-class _Op:
-    """Work queued on a stream: it runs when the stream is synchronised or waited on (in queue order)."""
-
-    what: str  # for messages: "target_verify (profile 1)", "a copy"
-    run: object  # callable
-
-
 class EmulatedStream:
-    """A CUDA stream as TensorRT and the backend see it: a handle, and a queue of work run at synchronisation."""
+    """A CUDA stream as TensorRT and the backend see it: a handle, and a queue of work run when forced."""
 
     def __init__(self, mem: EmulatedMemory, handle: int):
         self.mem = mem
         self.cuda_stream = handle
-        self.ops: list[_Op] = []
+        self.queue: list[_Op] = []
         self.fault: str | None = None  # a device fault: raised at the next synchronisation, as CUDA does
 
-    def _flush(self) -> None:
-        ops, self.ops = self.ops, []
-        for op in ops:
-            op.run()
+    @property
+    def ops(self) -> list[_Op]:
+        return self.queue
 
     def synchronize(self) -> None:
-        self._flush()
+        if self.queue:
+            self.mem.force(self.queue[-1])
         if self.fault is not None:
             raise RuntimeError(self.fault)
 
     def wait_stream(self, other: EmulatedStream) -> None:
-        """Work queued on this stream from now on runs after ``other``'s: its queue runs now (and a fault there
-        surfaces here, at the next synchronisation)."""
-        if other is not self:
-            other._flush()
-            self.fault = self.fault or other.fault
+        """Work queued on this stream from now on runs after the work queued on ``other`` until now. Nothing runs,
+        except on the default stream (see ``_wait``)."""
+        if other is not self and other.queue:
+            self._wait(f"a wait for stream {other.cuda_stream:#x}", other.queue[-1])
+
+    def wait_event(self, event: EmulatedEvent) -> None:
+        if event.op is not None and not event.op.done:
+            self._wait("a wait for an event", event.op)
+
+    def _wait(self, what: str, dep: _Op) -> None:
+        self.mem.enqueue(self, what, deps=[dep])  # on the default stream: forced at once (EmulatedMemory.enqueue)
 
 
 class EmulatedEvent:
-    """A CUDA event: synchronising on it runs the work queued on its stream (up to now: a superset of what was
-    queued when it was recorded, which only orders things earlier than CUDA would)."""
+    """A CUDA event: ``record`` queues a marker on the stream; ``synchronize`` runs the stream's work up to it."""
 
-    stream: EmulatedStream | None = None
+    def __init__(self, mem: EmulatedMemory):
+        self.mem = mem
+        self.stream: EmulatedStream | None = None
+        self.op: _Op | None = None
 
     def record(self, stream: EmulatedStream | None = None) -> None:
-        self.stream = stream
+        self.stream = stream or self.mem.current_stream()
+        self.op = self.mem.enqueue(self.stream, "an event record")
 
     def synchronize(self) -> None:
-        if self.stream is not None:
-            self.stream._flush()
+        if self.op is not None:
+            self.mem.force(self.op)
+            if self.stream.fault is not None:
+                raise RuntimeError(self.stream.fault)
 
 
 def _bytes(address: int, nbytes: int) -> torch.Tensor:
@@ -235,6 +345,17 @@ def _bytes(address: int, nbytes: int) -> torch.Tensor:
 
 
 # ---- the TensorRT module stand-in --------------------------------------------------------------------------
+
+
+class DataType(enum.Enum):
+    FLOAT = 0
+    HALF = 1
+    INT8 = 2
+    INT32 = 3
+    BOOL = 4
+    UINT8 = 5
+    BF16 = 7
+    INT64 = 8
 
 
 class TensorIOMode(enum.Enum):
@@ -318,6 +439,7 @@ class _Module:
     def __init__(self, emulator: TrtEmulator):
         self._emulator = emulator
         self.TensorIOMode = TensorIOMode
+        self.DataType = DataType
         self.ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy
         self.DynamicShapesKernelSpecializationStrategy = DynamicShapesKernelSpecializationStrategy
         self.ILogger = ILogger
@@ -354,6 +476,7 @@ class EmulatedEngine:
         self._inputs = set(self.spec.input_names)
         self.owners: dict[int, EmulatedContext] = {}  # profile -> the context that set it
         self.session = emulator.session(graph)
+        self.dtypes = emulator.onnx_dtypes(graph)  # the build's source graph says what the engine takes and gives
         self.device_memory_size_v2 = self.DEVICE_MEMORY
 
     @property
@@ -370,6 +493,9 @@ class EmulatedEngine:
     def get_tensor_mode(self, name: str) -> TensorIOMode:
         return TensorIOMode.INPUT if name in self._inputs else TensorIOMode.OUTPUT
 
+    def get_tensor_dtype(self, name: str) -> DataType:
+        return DataType[DTYPES[self.dtypes[name]].trt]
+
     def get_device_memory_size_for_profile_v2(self, index: int) -> int:
         return self.DEVICE_MEMORY
 
@@ -380,7 +506,7 @@ class EmulatedEngine:
         """``how``: an allocation strategy, or (TensorRT-RTX) an ``IRuntimeConfig``."""
         if isinstance(how, _RuntimeConfig):
             ctx = EmulatedContext(self, how.strategy)
-            ctx.runtime_config = how
+            ctx._runtime_config = weakref.ref(how)  # TensorRT does not keep the config alive: the caller must
             return ctx
         return EmulatedContext(self, how)
 
@@ -395,13 +521,24 @@ class EmulatedContext:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
         self.device_memory: tuple[int, int] | None = None
-        self.runtime_config: _RuntimeConfig | None = None
+        self._runtime_config = None  # a weak reference: the caller keeps the config alive (RULES["runtime-config"])
         self.calls = {"set_input_shape": 0, "set_tensor_address": 0, "get_tensor_shape": 0, "execute_async_v3": 0}
+
+    @property
+    def runtime_config(self) -> _RuntimeConfig | None:
+        return self._runtime_config() if self._runtime_config is not None else None
 
     def _log(self, rule: str, detail: str) -> None:
         self.engine.logger.log(_Severity.ERROR, str(RuleViolation(rule, detail)))
 
     def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
+        """Returns True; a refusal raises RuntimeError, as TensorRT's Python API does (after logging why)."""
+        refuse = self.engine.emulator.refuse_profile
+        if not 0 <= index < len(self.engine.profiles) or stream_handle not in self.engine.emulator.mem.streams or (
+                refuse is not None and refuse(self.engine.graph, index)):
+            self.engine.logger.log(_Severity.ERROR, f"{self.engine.graph}: profile {index} refused on stream "
+                                                    f"{stream_handle:#x}")
+            raise RuntimeError("Error in set optimization profile.")
         owners = self.engine.owners
         if owners.get(index) not in (None, self):
             raise RuleViolation("own-profile", f"{self.engine.graph}: profile {index} already belongs to another "
@@ -454,9 +591,10 @@ class EmulatedContext:
         if name not in self.engine._names:
             self._log("address-set", f"{self.engine.graph}: {name} is not one of the engine's tensors")
             return False
-        if address % TRT_ADDRESS_ALIGNMENT:
-            raise RuleViolation("alignment", f"{self.engine.graph}: {name} at {address:#x} "
-                                             f"({address % TRT_ADDRESS_ALIGNMENT} bytes past a boundary)")
+        if address % TRT_ADDRESS_ALIGNMENT:  # refused by validation: the previous address stays bound
+            self._log("alignment", f"{self.engine.graph}: {name} at {address:#x} "
+                                   f"({address % TRT_ADDRESS_ALIGNMENT} bytes past a boundary)")
+            return False
         self.addresses[name] = address
         return True
 
@@ -491,6 +629,9 @@ class EmulatedContext:
             raise RuleViolation("device-memory", f"{graph}: stream handle {stream_handle:#x} is not a stream")
         if self.profile is None or eng.owners.get(self.profile) is not self:
             raise RuleViolation("own-profile", f"{graph}: this context's profile {self.profile} is not its own")
+        if self._runtime_config is not None and self._runtime_config() is None:
+            raise RuleViolation("runtime-config", f"{graph}: the IRuntimeConfig this context was created from was "
+                                                  "freed")
         missing = [t.name for t in eng.spec.inputs if t.name not in self.shapes]
         if missing:
             raise RuleViolation("shape-set", f"{graph}: no shape set for {missing} (profile {self.profile})")
@@ -513,27 +654,33 @@ class EmulatedContext:
         spans = {}
         for t in (*eng.spec.inputs, *eng.spec.outputs):
             shape = tuple(d if isinstance(d, int) else axes[d] for d in t.shape)
-            nbytes = math.prod(shape) * DTYPES[t.dtype].itemsize
+            dtype = eng.dtypes[t.name]
+            nbytes = math.prod(shape) * DTYPES[dtype].itemsize
             address = self.addresses[t.name]
-            spans[t.name] = (address, nbytes, shape, t.dtype)
-        for name, (address, nbytes, _, _) in spans.items():
+            spans[t.name] = (address, nbytes, shape, dtype)
+        for name, (address, nbytes, _, dtype) in spans.items():
             if nbytes == 0:
                 others = [n for n, s in spans.items() if n != name and s[0] == address]
                 if address == 0 or others:
                     raise RuleViolation("empty", f"{graph}: empty {name} at {address:#x} (shared with {others})")
             else:
                 mem.check_inside(name, address, nbytes, "tensor")
+                if address % TRT_ADDRESS_ALIGNMENT:
+                    raise RuleViolation("alignment", f"{graph}: {name} bound at {address:#x}")
+                held = mem.dtype_at(address)
+                if held not in (torch.uint8, DTYPES[dtype].torch):  # uint8: the backend's untyped byte buffers
+                    raise RuleViolation("dtype", f"{graph}: {name} is {dtype} in the engine, bound to {held} memory")
             if self.device_memory is not None:
                 lo, size = self.device_memory
                 if address < lo + size and lo < address + max(nbytes, 1):
                     raise RuleViolation("context-memory", f"{graph}: {name} overlaps the context's memory")
-        for address, nbytes, _, _ in (spans[t.name] for t in eng.spec.outputs):
-            if nbytes:
-                ctypes.memset(address, 0xFF, nbytes)  # undefined until the stream gets there
         profile = self.profile
+        what = f"{graph} (profile {profile})"
 
-        def execute() -> None:
-            feeds = {t.name: _read(*spans[t.name]) for t in eng.spec.inputs}
+        def execute(op: _Op) -> None:
+            seq = op.seq
+            feeds = {t.name: _decode(mem.read(*spans[t.name][:2], seq, what), *spans[t.name][2:])
+                     for t in eng.spec.inputs}
             results = eng.session.run([t.name for t in eng.spec.outputs], feeds)
             for t, value in zip(eng.spec.outputs, results, strict=True):
                 address, nbytes, shape, dtype = spans[t.name]
@@ -542,19 +689,21 @@ class EmulatedContext:
                                                    f"{list(shape)}")
                 data = _encode(value, dtype)
                 ctypes.memmove(address, data, len(data))
+            if emu.fault_on is not None and emu.fault_on(graph, profile, axes):
+                stream.fault = "CUDA error: an illegal memory access was encountered"  # surfaces at the next sync
 
-        stream.ops.append(_Op(f"{graph} (profile {profile})", execute))
+        writes = [(a, a + n) for a, n, _, _ in (spans[t.name] for t in eng.spec.outputs) if n]
+        mem.enqueue(stream, what, execute, writes=writes)
         emu.executions.append((graph, profile, axes))
-        if emu.fault_on is not None and emu.fault_on(graph, profile, axes):
-            stream.fault = "CUDA error: an illegal memory access was encountered"  # surfaces at the next sync
         return True
 
 
-def _read(address: int, nbytes: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    raw = _bytes(address, nbytes)
+def _decode(raw: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if raw.size == 0:
+        return np.zeros(shape, dtype=np.float32 if dtype == "bfloat16" else DTYPES[dtype].numpy)
     if dtype == "bfloat16":
-        return raw.view(torch.bfloat16).float().numpy().reshape(shape)  # computed in fp32
-    return raw.numpy().view(DTYPES[dtype].numpy).reshape(shape).copy()
+        return torch.from_numpy(raw).view(torch.bfloat16).float().numpy().reshape(shape)  # computed in fp32
+    return raw.view(DTYPES[dtype].numpy).reshape(shape)
 
 
 def _encode(value: np.ndarray, dtype: str) -> bytes:
@@ -619,9 +768,20 @@ class TrtEmulator:
                 self._by_digest[hashlib.sha256(path.read_bytes()).hexdigest()] = name
         self.lib = TrtLib(info.lib, _Module(self), info.lib_version)
         self.executions: list[tuple[str, int, dict]] = []
-        # Tests: a predicate (graph, profile, axes) -> bool on which a call faults on the "device".
+        # Tests: a predicate (graph, profile, axes) -> bool on which a call faults on the "device", and one
+        # (graph, profile index) -> bool on which set_optimization_profile_async refuses.
         self.fault_on = None
+        self.refuse_profile = None
         self._sessions: dict[str, ort.InferenceSession] = {}
+
+    def onnx_dtypes(self, graph: str) -> dict[str, str]:
+        """The source graph's I/O dtypes (the contract's names), read from the ONNX file the engine was built from."""
+        path = self.directory / self.manifest.graphs[graph].file
+        model = onnx.load(str(path), load_external_data=False)
+        by_onnx = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
+                   TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.BOOL: "bool",
+                   TensorProto.INT8: "int8", TensorProto.UINT8: "uint8"}
+        return {v.name: by_onnx[v.type.tensor_type.elem_type] for v in (*model.graph.input, *model.graph.output)}
 
     def graph_of(self, data: bytes) -> str | None:
         return self._by_digest.get(hashlib.sha256(data).hexdigest())
