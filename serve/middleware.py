@@ -25,7 +25,8 @@ def json_error(status: int, message: str, type_: str = "invalid_request_error", 
 def bearer_token(header: bytes) -> bytes | None:
     """The credentials of ``Authorization: Bearer TOKEN`` (scheme case-insensitive, RFC 7235), None for any other
     scheme or shape."""
-    scheme, sep, token = header.partition(b" ")
+    scheme, sep, rest = header.partition(b" ")
+    token = rest.strip(b" ")
     if not sep or scheme.lower() != b"bearer" or not token or b" " in token:
         return None
     return token
