@@ -407,6 +407,13 @@ def test_bench_url_reports_the_in_process_figures(server, art):
     assert remote["tau"] == pytest.approx(local["tau"])
     assert remote["eagle"]["rounds"] > 0 and remote["eagle"]["mean_active"] >= 1
     assert remote["throughput_tokens_per_s"]["eagle"] > 0
+    # what only a stream shows: time to first token and inter-token latency, p50 <= p95
+    for mode in (remote, remote["no_draft_stream"]):
+        for key in ("ttft_s", "inter_token_s"):
+            assert 0 < mode[key]["p50"] <= mode[key]["p95"], (key, mode[key])
+    assert remote["ttft_s"]["p95"] <= remote["latency_s"]["p95"]
+    table = ok("bench", "--url", server.url, "--concurrency", "1", "--requests", "2", "--max-new-tokens", "8").stdout
+    assert "TTFT p50/p95 ms" in table and "ITL p50/p95 ms" in table
     fail("bench", "--url", "http://127.0.0.1:9", *args, expect=("no server answers",))
     fail("bench", *args, expect=("give ARTIFACT, or --url",))
 
