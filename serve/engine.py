@@ -112,8 +112,10 @@ class ServeEngine:
 
     def public(self, message: str) -> str:
         """A runtime message fit for a client: the artifact's path on this server becomes the model's name."""
-        for path in sorted({str(self.opts.artifact), str(Path(self.opts.artifact).resolve()),
-                            str(getattr(self.rt, "directory", ""))} - {""}, key=len, reverse=True):
+        given = [Path(self.opts.artifact), Path(str(getattr(self.rt, "directory", "") or self.opts.artifact))]
+        # the resolved forms, and a given form only when it is a path (not a bare name that words could contain)
+        paths = {str(p.resolve()) for p in given} | {str(p) for p in given if os.sep in str(p)}
+        for path in sorted(paths, key=len, reverse=True):
             message = message.replace(path, self.model_name)
         return message
 
