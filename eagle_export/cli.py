@@ -457,6 +457,15 @@ def gpu_check_cmd(ctx) -> None:
 @click.option("--model-name", default=None, help="The model id clients name [default: the artifact folder's name].")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
 @click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per graph.")
+@click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=None,
+              help="On SIGTERM/SIGINT, how long accepted requests may run on; those still running then get an error "
+                   "event or a 503 [default: --timeout].")
+@click.option("--header-timeout", "header_timeout_s", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds for a request's head to arrive (408 and the connection closed).")
+@click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Seconds for a request's body to arrive once its head has (408).")
+@click.option("--replica-header", is_flag=True,
+              help="Name the replica (host:pid) in an x-eagle-replica header and in /health.")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Deploy with Ray Serve (on RAY_ADDRESS's cluster, else a local Ray instance).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
@@ -464,7 +473,8 @@ def gpu_check_cmd(ctx) -> None:
 @click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="CPUs Ray reserves per replica (--ray).")
 def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_tokens, max_body_bytes, api_key,
-              model_name, backend, threads, use_ray, replicas, replica_cpus) -> None:
+              model_name, backend, threads, drain_timeout_s, header_timeout_s, body_timeout_s, replica_header,
+              use_ray, replicas, replica_cpus) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md)."""
     from .manifest import load_manifest
     from .serve.extras import RAY, SERVE, require
@@ -484,7 +494,9 @@ def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this port can use it",
                    err=True)
     opts = ServeOptions(str(Path(artifact).resolve()), backend, max_batch, max_queue, timeout_s, max_prompt_tokens,
-                        max_body_bytes, api_key or None, model_name or Path(artifact).resolve().name, threads)
+                        max_body_bytes, api_key or None, model_name or Path(artifact).resolve().name, threads,
+                        drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s,
+                        body_timeout_s=body_timeout_s, replica_header=replica_header)
     if use_ray:
         from .serve.run import serve_ray
 

@@ -2,16 +2,22 @@
 committed round, or whole), /v1/models, /health and /metrics, over one ``ServeEngine``.
 
 Every refusal is OpenAI's JSON error object with a 4xx status: 400 for a bad body (unknown field, wrong type, bad
-value, prompt over the cap or the capacity), 401 without the API key, 404 for another model's name, 413 for a body
-over the size cap, 429 when the queue is full. A client that goes away, a stop string and the per-request timeout
-cancel the request's streams, which frees their batch slots at the next round.
+value, prompt over the cap or the capacity), 401 without the API key, 404 for another model's name, 408 for a body
+that does not arrive in time, 413 for a body over the size cap, 429 (with ``Retry-After``) when the queue is full,
+503 while the server shuts down. A client that goes away, a stop string and the per-request timeout cancel the
+request's streams, which frees their batch slots at the next round. Messages never carry a path of this server or
+an exception's text (those go to the log).
+
+Streams follow OpenAI's chunk rules: every chunk has at least one choice, except the final usage chunk that
+``stream_options.include_usage`` asks for (then every other chunk carries ``"usage": null``); the ``eagle``
+extension rides on the last choice chunk, or on the usage chunk when there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,162 +31,131 @@ from starlette.requests import ClientDisconnect
 from eagle_export.errors import EagleExportError
 
 from .choices import ChoiceText
+from .drain import Drain, ShuttingDown
 from .engine import PromptTooLong, QueueFull, RequestTimeout, ServeEngine
 from .metrics import CONTENT_TYPE
+from .middleware import ApiKey, ReadBody, json_error
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body, validation_message
 
-_PROTECTED = ("/v1/", "/metrics")
+log = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a whole (non-streamed) response checks that its client is still there
+RETRY_AFTER_S = 1  # what a 429 / 503 tells the client to wait (RFC 6585 section 4, RFC 9110 section 10.2.3)
+_SHUTTING_DOWN = "the server is shutting down; retry on another replica or later"
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.body = status, error_body(message, type_, param, code)
+        self.status, self.body, self.headers = status, error_body(message, type_, param, code), headers
 
 
 class _ClientGone(Exception):
     pass
 
 
-def _error(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param, code), status_code=status)
+class _Replica:
+    """ASGI middleware: names the replica that answered in ``x-eagle-replica`` (only with ``replica_header``)."""
 
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes is refused with 413 before the app reads it all."""
-
-    class _TooLarge(Exception):
-        pass
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, replica: str):
+        self.app, self.replica = app, replica.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        msg = f"the request body is over this server's limit of {self.limit} bytes"
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            return await _error(413, msg, code="request_too_large")(scope, receive, send)
-        seen = 0
-        started = False
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise BodyLimit._TooLarge()
-            return message
-
-        async def tracked(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyLimit._TooLarge:
-            if not started:
-                await _error(413, msg, code="request_too_large")(scope, receive, send)
-
-
-class ApiKey:
-    """ASGI middleware: with a key, /v1/* and /metrics need ``Authorization: Bearer KEY`` (401 otherwise); every
-    response names the replica that answered (``x-eagle-replica``)."""
-
-    def __init__(self, app, key: str | None, replica: str, on_reject=None):
-        self.app, self.key = app, key.encode() if key else None
-        self.replica = replica.encode()
-        self.on_reject = on_reject
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
         async def tagged(message):
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), (b"x-eagle-replica", self.replica)]}
             await send(message)
 
-        if self.key is not None and scope["path"].startswith(_PROTECTED):
-            given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            token = given[7:] if given[:7].lower() == b"bearer " else b""
-            if not secrets.compare_digest(token, self.key):
-                if self.on_reject is not None:
-                    self.on_reject(scope["path"])
-                return await _error(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
-                                    code="invalid_api_key")(scope, receive, tagged)
-        await self.app(scope, receive, tagged)
+        await self.app(scope, receive, tagged if scope["type"] == "http" else send)
 
 
 def build_app(engine: ServeEngine, api_key: str | None = None) -> FastAPI:
-    """The server's app over ``engine``; with ``api_key``, /v1/* and /metrics need ``Authorization: Bearer KEY``."""
+    """The server's app over ``engine``; with ``api_key``, /v1/* and /metrics need ``Authorization: Bearer KEY``.
+    ``app.state.drain`` is its shutdown state (``Drain.start`` when the server stops accepting)."""
     app = FastAPI(title="eagle-export serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.state.drain = drain = Drain()
+    opts = engine.opts
     m = engine.metrics
-    app.add_middleware(ApiKey, key=api_key, replica=engine.replica,
-                       on_reject=lambda path: m.requests.labels(path, "unauthorized").inc())
-    app.add_middleware(BodyLimit, limit=engine.opts.max_body_bytes)
+    # the last added runs first: replica tag (outermost), API key, then the body
+    app.add_middleware(ReadBody, limit=opts.max_body_bytes, timeout_s=opts.body_timeout_s)
+    app.add_middleware(ApiKey, key=api_key, on_reject=lambda path: m.request(path, "unauthorized"))
+    if opts.replica_header:
+        app.add_middleware(_Replica, replica=engine.replica)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError):
         message, param = validation_message(list(exc.errors()))
-        m.requests.labels(request.url.path, "bad_request").inc()
-        return _error(400, message, param=param)
+        m.request(request.url.path, "bad_request")
+        return json_error(400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return _error(exc.status_code, str(exc.detail), code=None)
+        return json_error(exc.status_code, str(exc.detail), code=None)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(exc.body, status_code=exc.status)
+        return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):
-        m.requests.labels(request.url.path, "error").inc()
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error")
+        log.error("internal error on %s", request.url.path, exc_info=exc)
+        m.request(request.url.path, "error")
+        return json_error(500, "internal error (the server's log has the details)", type_="server_error")
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": engine.model_name, "replica": engine.replica,
-                "in_flight": engine.in_flight, "max_batch": engine.rt.max_batch}
+        out = {"status": "draining" if drain.started else "ok", "model": engine.model_name,
+               "in_flight": engine.in_flight, "max_batch": engine.rt.max_batch}
+        if opts.replica_header:
+            out["replica"] = engine.replica
+        return JSONResponse(out, status_code=503 if drain.started else 200)
 
     @app.get("/metrics")
     async def metrics():
         return Response(m.render(), media_type=CONTENT_TYPE)
 
+    def model_card() -> dict:
+        man = engine.rt.manifest
+        return {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "eagle-export",
+                "eagle": {"variant": man.variant, "capacity": engine.capacity, "max_batch": engine.rt.max_batch,
+                          "vocab_size": man.target.vocab_size, "has_tokenizer": engine.rt.tokenizer is not None,
+                          "tree_defaults": man.tree_defaults.to_dict(), "max_prompt_tokens": engine.max_prompt_tokens}}
+
     @app.get("/v1/models")
     async def models():
-        man = engine.rt.manifest
-        return {"object": "list", "data": [{
-            "id": engine.model_name, "object": "model", "created": 0, "owned_by": "eagle-export",
-            "eagle": {"variant": man.variant, "capacity": engine.capacity, "max_batch": engine.rt.max_batch,
-                      "vocab_size": man.target.vocab_size, "has_tokenizer": engine.rt.tokenizer is not None,
-                      "tree_defaults": man.tree_defaults.to_dict(), "max_prompt_tokens": engine.max_prompt_tokens}}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != engine.model_name:
+            raise ApiError(404, f"the model {model_id!r} does not exist here; this server serves "
+                           f"{engine.model_name!r}", param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await _generate(engine, body, request, "/v1/completions", chat=False)
+        return await _generate(engine, drain, body, request, "/v1/completions", chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _generate(engine, body, request, "/v1/chat/completions", chat=True)
+        return await _generate(engine, drain, body, request, "/v1/chat/completions", chat=True)
 
     return app
 
 
-async def _generate(engine: ServeEngine, body, request: Request, endpoint: str, chat: bool):
+async def _generate(engine: ServeEngine, drain: Drain, body, request: Request, endpoint: str, chat: bool):
     m = engine.metrics
+    t0 = time.perf_counter()
     try:
-        job, max_new = _start(engine, body, chat)
+        if drain.started:
+            raise ApiError(503, _SHUTTING_DOWN, type_="server_error", code="shutting_down",
+                           headers={"retry-after": str(RETRY_AFTER_S)})
+        job = _start(engine, body, chat, endpoint, t0)
     except ApiError as e:
-        m.requests.labels(endpoint, "rejected_queue_full" if e.status == 429 else "bad_request").inc()
+        m.request(endpoint, {429: "rejected_queue_full", 503: "shutdown"}.get(e.status, "bad_request"))
         raise
+    drain.add(job)  # no await since _start: a drain that expires from here on reaches this job
     deadline = asyncio.get_running_loop().time() + engine.opts.timeout_s
     choices = [ChoiceText(engine.rt.decode, body.stop_strings()) for _ in job.streams]
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -188,36 +163,43 @@ async def _generate(engine: ServeEngine, body, request: Request, endpoint: str, 
             "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": engine.model_name}
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return _CancellingStream(job, _sse(engine, job, choices, head, chat, usage, deadline, endpoint),
+        return _CancellingStream(job, drain, _sse(engine, job, choices, head, chat, usage, deadline, endpoint),
                                  media_type="text/event-stream")
     try:
         async for _ in _rounds(job, choices, deadline, request):
             pass
-    except asyncio.CancelledError:  # the server is shutting down
+    except asyncio.CancelledError:  # the server's last resort on shutdown (past the drain)
         job.cancel()
         raise
-    except (RequestTimeout, _ClientGone) as e:
+    except (RequestTimeout, _ClientGone, ShuttingDown) as e:
         job.cancel()
-        timeout = isinstance(e, RequestTimeout)
-        m.requests.labels(endpoint, "timeout" if timeout else "cancelled").inc()
-        if timeout:
+        if isinstance(e, RequestTimeout):
+            m.request(endpoint, "timeout")
             raise ApiError(504, f"the request ran past this server's timeout of {engine.opts.timeout_s:g} s",
                            type_="timeout", code="timeout") from None
+        if isinstance(e, ShuttingDown):
+            m.request(endpoint, "shutdown")
+            raise ApiError(503, _SHUTTING_DOWN, type_="server_error", code="shutting_down",
+                           headers={"retry-after": str(RETRY_AFTER_S)}) from None
+        m.request(endpoint, "cancelled")
         return Response(status_code=499)
-    except _Failed as e:
+    except _Failed:
         job.cancel()  # the other choices of this request
-        m.requests.labels(endpoint, "error").inc()
-        raise ApiError(500, f"generation failed: {e}", type_="server_error") from None
-    m.requests.labels(endpoint, "ok").inc()
+        m.request(endpoint, "error")
+        raise ApiError(500, "generation failed (the server's log has the details)", type_="server_error") from None
+    finally:
+        drain.discard(job)
+    m.request(endpoint, "ok")
     out = dict(head)
     out["choices"] = [_choice(i, c, c.text, chat, whole=True) for i, c in enumerate(choices)]
     out["usage"] = _usage(job, choices)
     out["eagle"] = _eagle(job, choices)
+    m.e2e.labels(endpoint).observe(time.perf_counter() - t0)
     return out
 
 
-def _start(engine: ServeEngine, body, chat: bool):
-    """Check the request against the model and the server, and submit it: (job, max_new_tokens)."""
+def _start(engine: ServeEngine, body, chat: bool, endpoint: str, t0: float):
+    """Check the request against the model and the server, and submit it: its job."""
     if body.model != engine.model_name:
         raise ApiError(404, f"the model {body.model!r} does not exist here; this server serves "
                        f"{engine.model_name!r} (GET /v1/models)", param="model", code="model_not_found")
@@ -232,17 +214,17 @@ def _start(engine: ServeEngine, body, chat: bool):
         max_new = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
         if max_new is None:
             max_new = max(engine.capacity - len(ids), 1) if chat else 16
-        job = engine.submit(ids, n=body.n, max_new_tokens=max_new, tree=tree,
-                            use_draft=tree is not None, stop_on_eos=not (opts is not None and opts.ignore_eos),
-                            temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                            per_round=body.stream or bool(body.stop_strings()))
+        return engine.submit(ids, n=body.n, max_new_tokens=max_new, tree=tree,
+                             use_draft=tree is not None, stop_on_eos=not (opts is not None and opts.ignore_eos),
+                             temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+                             per_round=body.stream or bool(body.stop_strings()), endpoint=endpoint, t0=t0)
     except QueueFull as e:
-        raise ApiError(429, str(e), type_="rate_limit_error", code="queue_full") from None
+        raise ApiError(429, str(e), type_="rate_limit_error", code="queue_full",
+                       headers={"retry-after": str(RETRY_AFTER_S)}) from None
     except PromptTooLong as e:
         raise ApiError(400, str(e), param="messages" if chat else "prompt", code="context_length_exceeded") from None
     except EagleExportError as e:
-        raise ApiError(400, str(e)) from None
-    return job, max_new
+        raise ApiError(400, engine.public(str(e))) from None
 
 
 class _Failed(Exception):
@@ -252,7 +234,8 @@ class _Failed(Exception):
 async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Request | None = None
                   ) -> AsyncIterator[tuple[int, str]]:
     """(choice index, text delta) as rounds arrive, until every stream has ended; a stream that hits a stop string
-    is cancelled at once. ``request`` (whole responses): poll for a client that went away."""
+    is cancelled at once. ``request`` (whole responses): poll for a client that went away. ShuttingDown when the
+    server's drain runs out (``Drain`` puts its marker in the job's queue)."""
     loop = asyncio.get_running_loop()
     ended = [False] * len(job.streams)
     polled = loop.time()
@@ -270,6 +253,8 @@ async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Requ
             i, item = await asyncio.wait_for(job.queue.get(), min(remaining, _POLL_S) if request else remaining)
         except asyncio.TimeoutError:
             continue
+        if i is None:
+            raise ShuttingDown()
         c = choices[i]
         if isinstance(item, list):
             delta = c.feed(item)
@@ -279,6 +264,7 @@ async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Requ
         elif isinstance(item, BaseException):
             ended[i] = True
             if c.finish_reason is None:  # not a stop string's cancellation: a real failure
+                log.error("generation failed: %s", item)
                 raise _Failed(str(item))
         else:
             ended[i] = True
@@ -288,15 +274,21 @@ async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Requ
 async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage: bool, deadline: float,
                endpoint: str) -> AsyncIterator[str]:
     """Server-sent events: one chunk per committed round per choice (tokens and text delta), a closing chunk per
-    choice with its finish reason, then usage (if asked) and the EAGLE figures, then ``[DONE]``."""
+    choice with its finish reason (the last of them with ``eagle``), then the usage chunk (if asked: empty
+    ``choices``, ``usage`` and ``eagle``), then ``[DONE]``."""
     m = engine.metrics
 
-    def event(obj) -> str:
+    def event(choice_list: list, **extra) -> str:
+        obj = {**head, "choices": choice_list}
+        if usage:
+            obj["usage"] = None
+        obj.update(extra)
         return f"data: {json.dumps(obj)}\n\n"
 
     if chat:
-        yield event({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                          "finish_reason": None} for i in range(len(choices))]})
+        for i in range(len(choices)):
+            yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
     status = "ok"
     try:
         sent = [0] * len(choices)
@@ -309,36 +301,45 @@ async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage:
             sent[i] = len(c.tokens)
             closed[i] = c.finish_reason is not None
             if delta or new or closed[i]:
-                yield event({**head, "choices": [_choice(i, c, delta, chat, whole=False, token_ids=new)]})
-        tail = {**head, "choices": [], "eagle": _eagle(job, choices)}
+                extra = {"eagle": _eagle(job, choices)} if all(closed) and not usage else {}
+                yield event([_choice(i, c, delta, chat, whole=False, token_ids=new)], **extra)
         if usage:
-            tail["usage"] = _usage(job, choices)
-        yield event(tail)
+            yield event([], usage=_usage(job, choices), eagle=_eagle(job, choices))
     except RequestTimeout:
         status = "timeout"
         job.cancel()
-        yield event(error_body(f"the request ran past this server's timeout of {engine.opts.timeout_s:g} s",
-                               "timeout", code="timeout"))
-    except _Failed as e:
+        yield _error_event(f"the request ran past this server's timeout of {engine.opts.timeout_s:g} s", "timeout",
+                           "timeout")
+    except ShuttingDown:
+        status = "shutdown"
+        job.cancel()
+        yield _error_event(_SHUTTING_DOWN, "server_error", "shutting_down")
+    except _Failed:
         status = "error"
         job.cancel()
-        yield event(error_body(f"generation failed: {e}", "server_error"))
+        yield _error_event("generation failed (the server's log has the details)", "server_error", None)
     except asyncio.CancelledError:
         status = "cancelled"
         raise
     finally:
         if status == "ok" and not all(c.finish_reason is not None for c in choices):
             status = "cancelled"
-        m.requests.labels(endpoint, status).inc()
+        m.request(endpoint, status)
+        if status == "ok":
+            m.e2e.labels(endpoint).observe(time.perf_counter() - job.t0)
     yield "data: [DONE]\n\n"
+
+
+def _error_event(message: str, type_: str, code: str | None) -> str:
+    return f"data: {json.dumps(error_body(message, type_, code=code))}\n\n"
 
 
 class _CancellingStream(StreamingResponse):
     """A streamed response that cancels its job whenever it ends without finishing (client gone, error)."""
 
-    def __init__(self, job, content, **kw):
+    def __init__(self, job, drain: Drain, content, **kw):
         super().__init__(content, **kw)
-        self._job = job
+        self._job, self._drain = job, drain
 
     async def __call__(self, scope, receive, send):
         try:
@@ -347,6 +348,7 @@ class _CancellingStream(StreamingResponse):
             pass
         finally:
             self._job.cancel()
+            self._drain.discard(self._job)
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -354,17 +356,20 @@ class _CancellingStream(StreamingResponse):
 
 def _choice(i: int, c: ChoiceText, text: str, chat: bool, whole: bool, token_ids: list[int] | None = None) -> dict:
     out: dict = {"index": i}
-    if chat:
-        out["message" if whole else "delta"] = {"role": "assistant", "content": text} if whole else {"content": text}
+    if chat and whole:
+        out["message"] = {"role": "assistant", "content": text}
+    elif chat:  # OpenAI's closing chunk carries an empty delta
+        out["delta"] = {"content": text} if text or c.finish_reason is None else {}
     else:
         out["text"] = text
-        out["logprobs"] = None
+    out["logprobs"] = None
     out["finish_reason"] = c.finish_reason
     out["token_ids"] = list(c.tokens) if whole else list(token_ids or [])
     return out
 
 
 def _usage(job, choices: list[ChoiceText]) -> dict:
+    """Usage over every choice: the tokens returned (a stop string's round is cut at the token that completed it)."""
     completion = sum(len(c.tokens) for c in choices)
     return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
             "total_tokens": job.prompt_tokens + completion}

@@ -38,6 +38,7 @@ class ChoiceText:
         """Take one round's tokens; the delta of text to send now ('' if nothing yet)."""
         if self.finish_reason is not None:
             return ""
+        before = len(self.tokens)
         self.tokens.extend(tokens)
         text = self._full()
         if self.stop:
@@ -47,12 +48,22 @@ class ChoiceText:
                 p = min(hits)[0]
                 self.text = text[:p]
                 self.stopped, self.finish_reason = True, "stop"
+                self.tokens = self.tokens[:self._through_stop(before, start)]
                 return self._take(len(self.text))
         self.text = text
         ready = len(text) - self._hold
         while ready > self.sent and text[ready - 1] == REPLACEMENT:  # the rule of eagle_export.text_stream
             ready -= 1
         return self._take(ready)
+
+    def _through_stop(self, before: int, start: int) -> int:
+        """Tokens kept when a stop string appeared in this round: up to the one that completes it. A round commits
+        several tokens at once, and how many depends on the tree; what is returned and counted must not."""
+        for k in range(before + 1, len(self.tokens)):
+            text = self._decode(self.tokens[:k]) or ""
+            if any(text.find(s, start) >= 0 for s in self.stop):
+                return k
+        return len(self.tokens)
 
     def end(self, result) -> str:
         """The runtime's result: the rest of the text, and the finish reason (unless a stop string ended it)."""

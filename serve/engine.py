@@ -15,7 +15,8 @@ import logging
 import os
 import secrets
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export.errors import GenerationError
@@ -50,9 +51,18 @@ class ServeOptions:
     api_key: str | None = None
     model_name: str | None = None  # None: the artifact directory's name
     threads: int | None = None
+    drain_timeout_s: float | None = None  # on shutdown, how long accepted requests may run on (None: timeout_s)
+    header_timeout_s: float = 10.0  # a request's head must arrive within this (408 and the connection closed)
+    body_timeout_s: float = 30.0  # its body within this, from the end of its head (408)
+    replica_header: bool = False  # name the replica (host:pid) in x-eagle-replica and /health
+    replica_label: str | None = None  # a `replica` label on every metric (Ray Serve: the replica's id)
+
+    @property
+    def drain_s(self) -> float:
+        return self.timeout_s if self.drain_timeout_s is None else self.drain_timeout_s
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One HTTP request: its n streams and the asyncio queue their pump threads feed with (index, tokens|end)."""
 
@@ -62,6 +72,9 @@ class Job:
     seeds: list[int | None]
     tree: TreeParams | None
     per_round: bool = True  # hand over every round (streams, stop strings); else only the end (fewer wake-ups)
+    endpoint: str = "/v1/completions"  # the route (the latency histograms' label)
+    t0: float = field(default_factory=time.perf_counter)  # arrival (perf_counter), for the latency histograms
+    first_token_s: float | None = None  # seconds from t0 to the first token of any choice
 
     def cancel(self) -> None:
         for s in self.streams:
@@ -79,8 +92,8 @@ class ServeEngine:
         self.capacity = m.max_seq_len
         self.max_prompt_tokens = min(opts.max_prompt_tokens or self.capacity - 1, self.capacity - 1)
         self.limit = rt.max_batch + max(opts.max_queue, 0)
-        self.metrics = ServerMetrics(m.tree_limits.max_depth)
-        self.replica = f"{os.uname().nodename}:{os.getpid()}"
+        self.metrics = ServerMetrics(m.tree_limits.max_depth, opts.replica_label)
+        self.replica = f"{os.uname().nodename}:{os.getpid()}"  # shown only with opts.replica_header
         self._lock = threading.Lock()
         self._in_flight = 0
         self._active = 0  # sequences in the last batched round
@@ -96,6 +109,15 @@ class ServeEngine:
 
     def close(self) -> None:
         self.rt.close()
+
+    def public(self, message: str) -> str:
+        """A runtime message fit for a client: the artifact's path on this server becomes the model's name."""
+        given = [Path(self.opts.artifact), Path(str(getattr(self.rt, "directory", "") or self.opts.artifact))]
+        # the resolved forms, and a given form only when it is a path (not a bare name that words could contain)
+        paths = {str(p.resolve()) for p in given} | {str(p) for p in given if os.sep in str(p)}
+        for path in sorted(paths, key=len, reverse=True):
+            message = message.replace(path, self.model_name)
+        return message
 
     # ---- prompts and settings -----------------------------------------------------------------
     def prompt_ids(self, prompt: str | list[int] | None = None, messages: list[dict] | None = None) -> list[int]:
@@ -119,7 +141,8 @@ class ServeEngine:
 
     # ---- admission and submission -------------------------------------------------------------
     def submit(self, ids: list[int], *, n: int, max_new_tokens: int, tree: TreeParams | None, use_draft: bool,
-               stop_on_eos: bool, temperature: float, top_p: float, seed: int | None, per_round: bool = True) -> Job:
+               stop_on_eos: bool, temperature: float, top_p: float, seed: int | None, per_round: bool = True,
+               endpoint: str = "/v1/completions", t0: float | None = None) -> Job:
         """Admit n choices (or raise QueueFull), submit them, and start their pumps. A request the runtime refuses
         (capacity, ids, settings) raises its GenerationError here, before any response is sent. per_round: hand
         over every committed round (streaming, stop strings); False: only each choice's end, so the scheduler
@@ -155,7 +178,8 @@ class ServeEngine:
                 self._in_flight -= n
             self._gauges()
             raise
-        job = Job(streams, len(ids), asyncio.Queue(), seeds, tree if use_draft else None, per_round)
+        job = Job(streams, len(ids), asyncio.Queue(), seeds, tree if use_draft else None, per_round, endpoint,
+                  t0 if t0 is not None else time.perf_counter())
         loop = asyncio.get_running_loop()
         for i, s in enumerate(streams):
             threading.Thread(target=self._pump, args=(s, i, job, loop), name=f"eagle-pump-{i}", daemon=True).start()
@@ -171,17 +195,25 @@ class ServeEngine:
             except RuntimeError:  # the loop is gone (server shutting down)
                 pass
 
+        first = last = None
         try:
             if job.per_round:
                 for tokens in stream:
+                    last = time.perf_counter()
+                    first = first or self._first_token(job, last)
                     self.metrics.generation_tokens.inc(len(tokens))
                     put((index, tokens))
                 result = stream.result
             else:
+                if next(iter(stream), None) is not None:  # one wake-up for the first token's time, then the end
+                    first = self._first_token(job, time.perf_counter())
                 result = stream.wait()
+                last = time.perf_counter()
                 self.metrics.generation_tokens.inc(len(result.tokens))
                 put((index, list(result.tokens)))
             self.metrics.observe_result(job.prompt_tokens, result.stats, drafted=job.tree is not None)
+            if first is not None and len(result.tokens) >= 2:
+                self.metrics.tpot.labels(job.endpoint).observe((last - first) / (len(result.tokens) - 1))
             put((index, result))
         except BaseException as e:  # noqa: BLE001 - handed to the request's coroutine
             put((index, e))
@@ -189,6 +221,16 @@ class ServeEngine:
             with self._lock:
                 self._in_flight -= 1
             self._gauges()
+
+    def _first_token(self, job: Job, now: float) -> float:
+        """A choice's first token at ``now``: the request's time to first token is its earliest choice's."""
+        with self._lock:
+            first = job.first_token_s is None
+            if first:
+                job.first_token_s = now - job.t0
+        if first:
+            self.metrics.ttft.labels(job.endpoint).observe(now - job.t0)
+        return now
 
     def _on_round(self, seconds: float, active: int) -> None:
         self.metrics.observe_round(seconds, active)

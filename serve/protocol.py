@@ -9,11 +9,35 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
 # OpenAI's own bounds (temperature 0..2, n and stop lists); the runtime checks the rest (tree limits, capacity).
 MAX_N = 16
 MAX_STOP = 4
+
+
+def _unicode(v: str) -> str:
+    """JSON may carry a lone surrogate (``"\\ud800"``): no tokenizer can encode it, so it is a bad request."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (it holds a lone surrogate code point)") from None
+    return v
+
+
+# every string the server hands to the tokenizer or compares with generated text
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class _Strict(BaseModel):
@@ -35,29 +59,35 @@ class StreamOptions(_Strict):
 
 
 class _Generation(_Strict):
-    model: StrictStr
+    model: Text
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
     seed: Annotated[StrictInt, Field(ge=0)] | None = None
-    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOP)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = None
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
+    user: Text | None = None
     eagle: EagleOptions | None = None
     # OpenAI fields this server does not implement, accepted only at their neutral value (many clients send them
     # that way); any other value is a 400 naming the field, never silently ignored
     presence_penalty: StrictFloat | StrictInt | None = None
     frequency_penalty: StrictFloat | StrictInt | None = None
     logit_bias: dict | None = None
-    logprobs: StrictBool | StrictInt | None = None
 
-    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias")
     @classmethod
     def _neutral(cls, v):
-        if v not in (None, 0, False, {}):
-            raise ValueError("not supported by this server (only its neutral value: 0, false, null or {})")
+        if v not in (None, 0, {}):
+            raise ValueError("not supported by this server (only its neutral value: 0, null or {})")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_with_stream(cls, v, info: ValidationInfo):
+        if v is not None and not info.data.get("stream", False):  # OpenAI answers 400 too
+            raise ValueError("only allowed when stream is true")
         return v
 
     def stop_strings(self) -> list[str]:
@@ -66,23 +96,36 @@ class _Generation(_Strict):
         return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
 
+_NO_LOGPROBS = ("not supported by this server yet (only null, or false on chat): the runtime does not hand the "
+                "target's verify distribution to the server")
+
+
 class CompletionRequest(_Generation):
     """POST /v1/completions: ``prompt`` is text, or token ids (a list of integers)."""
 
-    prompt: StrictStr | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+    prompt: Text | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+    # an integer, even 0 (the chosen tokens' own log-probabilities), asks for what this server cannot give yet
+    logprobs: StrictInt | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v is not None:
+            raise ValueError(_NO_LOGPROBS)
+        return v
 
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(_Strict):
     """A message's content is text, or a list of text parts (joined); other part types are refused."""
 
     role: Literal["system", "user", "assistant"]
-    content: StrictStr | list[TextPart]
-    name: StrictStr | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -93,6 +136,15 @@ class ChatCompletionRequest(_Generation):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v is not None and v is not False:
+            raise ValueError(_NO_LOGPROBS)
+        return v
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

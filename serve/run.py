@@ -15,16 +15,14 @@ log = logging.getLogger(__name__)
 
 
 def serve_uvicorn(opts: ServeOptions, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Open the runtime, then serve until interrupted."""
+    """Open the runtime, then serve until SIGTERM / SIGINT; then drain the accepted requests (up to
+    ``opts.drain_s``) before closing the runtime."""
     require("serve", *SERVE)
-    import uvicorn
-
-    from .app import build_app
+    from .server import make_server
 
     engine = ServeEngine.open(opts)
     try:
-        uvicorn.run(build_app(engine, opts.api_key), host=host, port=port, log_level=log_level,
-                    timeout_graceful_shutdown=5)
+        make_server(engine, host, port, log_level).run()
     finally:
         engine.close()
 

@@ -7,19 +7,20 @@ import threading
 import time
 
 import httpx
-import uvicorn
 
-from eagle_export.serve import ServeEngine, ServeOptions, build_app
+from eagle_export.serve import ServeEngine, ServeOptions
+from eagle_export.serve.server import make_server
 
 
 class LiveServer:
     """Start with ``with LiveServer(ServeOptions(...)) as s:``; ``s.url`` is its base URL."""
 
-    def __init__(self, opts: ServeOptions):
+    def __init__(self, opts: ServeOptions, engine: ServeEngine | None = None):
+        """engine: an open one to serve (kept open on exit), else one opened here from ``opts``."""
         self.opts = opts
-        self.engine = ServeEngine.open(opts)
-        self.server = uvicorn.Server(uvicorn.Config(build_app(self.engine, opts.api_key), host="127.0.0.1", port=0,
-                                                    log_level="warning", timeout_graceful_shutdown=2))
+        self.own = engine is None
+        self.engine = engine or ServeEngine.open(opts)
+        self.server = make_server(self.engine, "127.0.0.1", 0, "warning")
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
 
     def __enter__(self) -> LiveServer:
@@ -33,9 +34,14 @@ class LiveServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+        if self.own:
+            self.engine.close()
+
+    def stop(self, wait_s: float = 30) -> None:
+        """What SIGTERM does (uvicorn's signal handler sets ``should_exit``): drain, then stop."""
         self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.close()
+        self.thread.join(timeout=wait_s)
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kw)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -407,6 +408,13 @@ def test_bench_url_reports_the_in_process_figures(server, art):
     assert remote["tau"] == pytest.approx(local["tau"])
     assert remote["eagle"]["rounds"] > 0 and remote["eagle"]["mean_active"] >= 1
     assert remote["throughput_tokens_per_s"]["eagle"] > 0
+    # what only a stream shows: time to first token and inter-token latency, p50 <= p95
+    for mode in (remote, remote["no_draft_stream"]):
+        for key in ("ttft_s", "inter_token_s"):
+            assert 0 < mode[key]["p50"] <= mode[key]["p95"], (key, mode[key])
+    assert remote["ttft_s"]["p95"] <= remote["latency_s"]["p95"]
+    table = ok("bench", "--url", server.url, "--concurrency", "1", "--requests", "2", "--max-new-tokens", "8").stdout
+    assert "TTFT p50/p95 ms" in table and "ITL p50/p95 ms" in table
     fail("bench", "--url", "http://127.0.0.1:9", *args, expect=("no server answers",))
     fail("bench", *args, expect=("give ARTIFACT, or --url",))
 
@@ -432,7 +440,8 @@ def test_cli_serve_runs_and_refuses_bad_options(art, tmp_path):
             m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
             port = int(m.group(1)) if m else None
         assert port, "no listening line"
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as h:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          limits=httpx.Limits(max_connections=16)) as h:
             assert h.get("/v1/models").status_code == 401
             models = h.get("/v1/models", headers={"authorization": "Bearer k1"}).json()
             assert models["data"][0]["id"] == art.name and models["data"][0]["eagle"]["max_batch"] == 2
@@ -441,9 +450,37 @@ def test_cli_serve_runs_and_refuses_bad_options(art, tmp_path):
                 assert h.post(path, json={**body, "model": art.name} if "model" in body and body["model"] == MODEL
                               else body, headers=auth).status_code == status
             assert proc.poll() is None and h.get("/health").json()["status"] == "ok"
+            # SIGTERM with 8 streams running (2 slots, 6 queued): the default drain (the timeout) finishes them all
+            done: list = [None] * 8
+            started = threading.Semaphore(0)
+
+            def stream(i: int) -> None:
+                body = {"model": art.name, "prompt": PROMPTS[i % 4], "max_tokens": 48, "temperature": 0,
+                        "stream": True, "eagle": {"ignore_eos": True}}
+                try:
+                    with h.stream("POST", "/v1/completions", json=body, headers=auth) as r:
+                        started.release()
+                        done[i] = sse_events(r.iter_lines())
+                except Exception as e:  # noqa: BLE001 - a reset is what this looks for
+                    done[i] = repr(e)
+
+            threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for _ in threads:
+                assert started.acquire(timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            for t in threads:
+                t.join(120)
+            for events in done:
+                assert isinstance(events, list) and events[-1] == "[DONE]", events
+                assert [ch["finish_reason"] for e in events[:-1] for ch in e["choices"] if ch["finish_reason"]] == \
+                    ["length"], events[-3:]
+            assert proc.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has stopped
     finally:
-        proc.terminate()
-        proc.wait(30)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
 
 
 @pytest.mark.parametrize("missing, extra, args", [("fastapi", "serve", []), ("ray", "ray", ["--ray"])])
@@ -462,5 +499,6 @@ def test_cli_help_names_the_options():
 
     out = CliRunner().invoke(main, ["serve", "--help"]).output
     for opt in ("--host", "--port", "--max-batch", "--max-queue", "--api-key", "--timeout", "--max-prompt-tokens",
-                "--max-body-bytes", "--ray", "--replicas", "--backend"):
+                "--max-body-bytes", "--ray", "--replicas", "--backend", "--drain-timeout", "--header-timeout",
+                "--body-timeout", "--replica-header"):
         assert opt in out, opt

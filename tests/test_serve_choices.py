@@ -86,3 +86,17 @@ def test_sse_sends_one_closing_chunk_when_rounds_land_after_a_stop_string():
     closing = [c for c in chunks for ch in c["choices"] if ch["finish_reason"]]
     assert len(closing) == 1 and closing[0]["choices"][0]["finish_reason"] == "stop"
     assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == "naïve "
+
+
+def test_a_stop_string_keeps_the_tokens_up_to_the_one_that_completes_it():
+    """A round commits several tokens; the choice keeps (returns, counts) only those up to the stop string's last
+    token, so usage does not depend on how many tokens the tree accepted in that round."""
+    whole_round = ChoiceText(decode, ["你好"])
+    assert whole_round.feed([0, 1, 2, 3, 4, 5, 6, 7]) == "naïve "
+    assert whole_round.stopped and whole_round.tokens == [0, 1, 2, 3, 4, 5]  # 5 completes 好
+    one_by_one = ChoiceText(decode, ["你好"])
+    for i in range(8):
+        one_by_one.feed([i])
+        if one_by_one.stopped:
+            break
+    assert one_by_one.tokens == whole_round.tokens and one_by_one.text == whole_round.text

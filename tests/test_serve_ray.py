@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 from live_server import sse_events
+from prometheus_client.parser import text_string_to_metric_families
 
 from eagle_export.runtime import EagleRuntime
 from eagle_export.serve import ServeOptions
@@ -47,7 +48,8 @@ def test_two_ray_serve_replicas_answer_and_are_lossless(art):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env},
              object_store_memory=100 * 1024 * 1024)  # nothing is stored: keep the shared-memory store small
     try:
-        opts = ServeOptions(str(art), model_name=MODEL, max_batch=4, max_queue=16, threads=1, timeout_s=60)
+        opts = ServeOptions(str(art), model_name=MODEL, max_batch=4, max_queue=16, threads=1, timeout_s=60,
+                            replica_header=True)
         serve_ray(opts, replicas=2, host="127.0.0.1", port=port, replica_cpus=0.5, block=False)
         replicas: set[str] = set()
         results: list = []
@@ -84,7 +86,20 @@ def test_two_ray_serve_replicas_answer_and_are_lossless(art):
             assert [t for e in events[:-1] for c in e["choices"] for t in c["token_ids"]] == want[PROMPTS[1]]
             assert h.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": -1}).status_code \
                 == 400
-        print(f"\nRay Serve: {len(results)} requests, answered by {sorted(replicas)}")
+            # each scrape reaches one replica; every sample names it, so no series goes backwards between scrapes
+            seen: dict[str, float] = {}
+            labels: set[str] = set()
+            for _ in range(6):
+                for fam in text_string_to_metric_families(h.get("/metrics").text):
+                    for smp in fam.samples:
+                        assert smp.labels.get("replica"), smp
+                        if smp.name == "eagle_requests_total":
+                            key = repr(sorted(smp.labels.items()))
+                            assert smp.value >= seen.get(key, 0), (key, smp.value, seen.get(key))
+                            seen[key] = smp.value
+                            labels.add(smp.labels["replica"])
+        print(f"\nRay Serve: {len(results)} requests, answered by {sorted(replicas)}; /metrics from replicas "
+              f"{sorted(labels)}")
     finally:
         serve.shutdown()
         ray.shutdown()
