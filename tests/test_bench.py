@@ -217,4 +217,4 @@ def test_bench_concurrency_json(models, ids_file, tmp_path):
     assert out["levels"][0]["eagle"]["mean_active"] == 1 and out["levels"][0]["eagle"]["padding"] == 0
     assert out["levels"][1]["eagle"]["mean_active"] > 1
     fail("bench", art, "--concurrency", 3, expect=("--concurrency 3 needs an artifact exported with --max-batch 3",))
-    fail("bench", art, "--requests", 3, expect=("--requests and --repeats go with --concurrency",))
+    fail("bench", art, "--requests", 3, expect=("--requests goes with --concurrency",))
