@@ -462,10 +462,9 @@ class PairedSession:
 def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):
     """One peer generation; ``exact`` (EOS ignored): it must make all MAX_NEW tokens, or its EOS id was met."""
     run = peer.generate(ids, max_new)
-    if exact and len(run.tokens) != max_new:
-        raise BenchError(f"{spec.source}: {peer.name} stopped after {len(run.tokens)} of {max_new} tokens with EOS "
-                         f"ignored (it generated {run.tokens[-1] if run.tokens else None}; the id given as its EOS: "
-                         f"{peer.eos}): its figures would not be comparable")
+    if exact and (run.stopped_at or len(run.tokens) != max_new):
+        raise BenchError(f"{spec.source}: {peer.name} stopped after {run.count} of {max_new} tokens with EOS ignored "
+                         f"(it generated the id given as its EOS, {peer.eos}): its figures would not be comparable")
     return run
 
 
@@ -484,8 +483,8 @@ def _row(spec: PromptSpec, ids: list[int], runs: dict[str, list]) -> PromptRow:
     if "peer" in runs:
         ps = runs["peer"]
         row.peer_tok_s = statistics.median(x.tok_s for x in ps)
-        row.peer_new_tokens = len(ps[0].tokens)
-        divs = [first_divergence(ns[0].tokens, x.tokens) for x in ps]
+        row.peer_new_tokens = ps[0].count
+        divs = [first_divergence(ns[0].tokens, x.as_ours(ns[0].tokens)) for x in ps]
         row.peer_divergence = next((d for d in divs if d is not None), None)
     return row
 

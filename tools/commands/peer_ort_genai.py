@@ -117,10 +117,24 @@ def import_genai():
 class PeerRun:
     tokens: list[int]
     seconds: float  # from creating the generator (its cache) through the last token: prefill included
+    # Set when it stopped at an EOS before the length: ORT GenAI generated one of these ids but does not return it.
+    stopped_at: tuple[int, ...] = ()
+
+    @property
+    def count(self) -> int:
+        """Tokens it generated: the returned ones, and the EOS it stopped at."""
+        return len(self.tokens) + (1 if self.stopped_at else 0)
 
     @property
     def tok_s(self) -> float:
-        return len(self.tokens) / max(self.seconds, 1e-12)
+        return self.count / max(self.seconds, 1e-12)
+
+    def as_ours(self, ours: list[int]) -> list[int]:
+        """Its tokens the way our runtime reports them (EOS included): the EOS it stopped at is the one our tokens
+        hold at that place, when it is one of the ids it was given."""
+        if self.stopped_at and len(ours) == len(self.tokens) + 1 and ours[-1] in self.stopped_at:
+            return [*self.tokens, ours[-1]]
+        return list(self.tokens)
 
 
 def build(target_dir: Path, precision: str, cache: Path, log=None) -> tuple[Path, float | None]:
@@ -197,5 +211,5 @@ class OrtGenaiPeer:
         while not gen.is_done():
             gen.generate_next_token()
         seconds = time.perf_counter() - t0
-        seq = gen.get_sequence(0)
-        return PeerRun([int(t) for t in seq[len(ids):]], seconds)
+        tokens = [int(t) for t in gen.get_sequence(0)[len(ids):]]
+        return PeerRun(tokens, seconds, tuple(self.eos) if len(tokens) < max_new else ())
