@@ -22,7 +22,8 @@ What is measured (see docs/bench.md):
 - tokens/s: generated tokens / (prefill_s + decode_s) per generation; the median over prompts;
 - speedup: the median over prompts of eagle tokens/s / no-draft tokens/s;
 - the split of EAGLE's decode time into draft graph calls, target graph calls and host work (the rest),
-  timed by a proxy around the runtime's backend, installed for the bench only;
+  timed by a proxy around the runtime's backend, installed for the bench only (no-draft's: target and host);
+- with a peer: its tokens/s, the per-prompt ratios ours / peer (medians), and its tokens against our no-draft ones;
 - peak memory: the process's peak resident set size (``resource.getrusage(...).ru_maxrss``).
 """
 
