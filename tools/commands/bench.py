@@ -301,7 +301,7 @@ class BenchReport:
         na = ", ".join(f"{i}: {'-' if a is None else f'{a:.2f}'}" for i, a in enumerate(self.n_alpha, 1))
         lines += [
             "",
-            f"tau (committed tokens per target forward, bonus included, every round counted whole): {self.tau:.2f}",
+            f"tau (committed tokens per target forward, bonus included): {self.tau:.2f} (every round counted whole)",
             f"acceptance per depth (n-alpha): {na}",
             f"tokens/s (median over {len(self.rows)} prompts): EAGLE {self.eagle_tok_s:.1f}, "
             f"no-draft {self.no_draft_tok_s:.1f}" + (f", {pe.name} {pe.precision} {pe.tok_s:.1f}" if pe else ""),
