@@ -283,7 +283,7 @@ _PROMPTS_FILE = click.option(
 @click.argument("artifact", type=click.Path(path_type=Path), required=False)
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Tokens generated per prompt and mode (greedy, EOS ignored).")
+              help="Tokens generated per prompt and mode (greedy; EOS ignored unless --stop-at-eos).")
 @click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
 @click.option("--depth", type=int, default=None, help="Tree depth (default: the artifact's).")
 @click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
@@ -298,16 +298,32 @@ _PROMPTS_FILE = click.option(
                    "EAGLE and batched --no-draft side by side (the artifact needs `export --max-batch N`).")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="With --concurrency: requests per pass, M [default: 2 x the largest N, at least the prompts].")
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="With --concurrency: passes per mode and N (alternating); the pass of median throughput is "
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Interleaved passes over the prompts, per-prompt medians reported [default: 3 with --peer, else "
+                   "1]. With --concurrency: passes per mode and N (alternating); the pass of median throughput is "
                    "reported.")
+@click.option("--stop-at-eos", is_flag=True,
+              help="Stop each generation at its first EOS, as the reference implementation and transformers do "
+                   "(default: EOS ignored, every run makes --max-new-tokens tokens).")
+@click.option("--peer", type=click.Choice(["ort-genai"]), default=None,
+              help="Also run this peer decoder on the same prompts, interleaved with ours: ORT GenAI's greedy "
+                   "decoding of the artifact's target, built offline with its own builder (needs "
+                   "`pip install 'eagle-export[peers]'`; docs/bench.md).")
+@click.option("--peer-precision", type=click.Choice(["fp32", "int4"]), default=None,
+              help="The peer's precision [default: int4 for an int4 artifact, else fp32].")
+@click.option("--peer-target", type=click.Path(path_type=Path), default=None,
+              help="The Hugging Face folder to build the peer from [default: the target the artifact was exported "
+                   "from, manifest target.source].")
+@click.option("--peer-cache", type=click.Path(path_type=Path), default=None,
+              help="Where built peer models are kept and reused [default: ARTIFACT/peers].")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")
 @click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
               help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests, repeats, url, api_key) -> None:
+              plot_file, concurrency, requests, repeats, stop_at_eos, peer, peer_precision, peer_target, peer_cache,
+              url, api_key) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
     docs/bench.md)."""
     from .prompts import read_prompts
@@ -319,10 +335,16 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
         require_matplotlib()  # fail before the bench runs, not after
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[bench] {msg}", err=True))
+    peer_opts = [n for n, v in (("--peer-precision", peer_precision), ("--peer-target", peer_target),
+                                ("--peer-cache", peer_cache)) if v is not None]
+    if peer is None and peer_opts:
+        raise EagleExportError(f"{', '.join(peer_opts)} go(es) with --peer")
+    if (peer is not None or stop_at_eos) and (url is not None or concurrency is not None):
+        raise EagleExportError("--peer and --stop-at-eos are not available with --url or --concurrency")
     if url is not None:
         from .tools.commands.bench_http import bench_http
 
-        if plot_file is not None or repeats != 1:
+        if plot_file is not None or repeats not in (None, 1):
             raise EagleExportError("--plot and --repeats are not available with --url (run bench --concurrency on "
                                    "the artifact for those)")
         given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
@@ -345,17 +367,19 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
                               total_tokens if total_tokens is not None else d.total_tokens)
         report = bench_concurrency(artifact, concurrency=ns, requests=requests, prompts=prompts,
                                    max_new_tokens=max_new_tokens, tree=tree, backend=backend, threads=threads,
-                                   repeats=repeats, log=log)
+                                   repeats=repeats or 1, log=log)
         click.echo(json.dumps(report.to_dict()) if as_json else report.format())
         if plot_file is not None:
             plot_throughput(report, plot_file)
             if not as_json:
                 click.echo(f"throughput plot: {plot_file}")
         return
-    if requests is not None or repeats != 1:
-        raise EagleExportError("--requests and --repeats go with --concurrency")
+    if requests is not None:
+        raise EagleExportError("--requests goes with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
-                   total_tokens=total_tokens, backend=backend, threads=threads, log=log)
+                   total_tokens=total_tokens, backend=backend, threads=threads, stop_at_eos=stop_at_eos,
+                   repeats=repeats, peer=peer, peer_precision=peer_precision, peer_target=peer_target,
+                   peer_cache=peer_cache, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
     if plot_file is not None:
         plot_n_alpha(report, plot_file)

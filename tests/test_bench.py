@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,17 @@ from cli_run import cli, fail
 
 from eagle_export import contract as C
 from eagle_export.runtime.backend import Backend
-from eagle_export.tools.commands.bench import TimingBackend, bench, n_alpha
+from eagle_export.tools.commands import peer_ort_genai as pog
+from eagle_export.tools.commands.bench import (
+    TimingBackend,
+    _row,
+    _Run,
+    bench,
+    median_run,
+    mode_order,
+    n_alpha,
+)
+from eagle_export.tools.commands.peer_ort_genai import PeerRun
 from eagle_export.tools.demo import FIXTURE
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
@@ -213,8 +224,145 @@ def test_bench_concurrency_json(models, ids_file, tmp_path):
             assert m["tokens"] == 4 * 12 and m["throughput_tokens_per_s"] > 0
             assert m["latency_s"]["p95"] <= m["wall_s"] and 0 <= m["padding"] < 1
             assert m["draft_s"] + m["target_s"] <= m["wall_s"] and m["host_ms_per_token"] >= 0
-        assert lv["eagle"]["tau"] >= 1 and lv["no_draft"]["tau"] == 1
+        # tau from the figures it summarises: every sequence-round commits accepted + 1 tokens, and the rounds
+        # committed each request's 11 tokens after its prefill's, its last round possibly cut at the length (whole
+        # in tau). A tau without the bonus, or per batched round instead of per sequence, falls outside.
+        e = lv["eagle"]
+        committed, seq_rounds = e["tokens"] - 4, e["rounds"] * e["mean_active"]
+        assert committed <= e["tau"] * seq_rounds + 1e-6 < committed + 4 * (3 + 2)
+        assert lv["no_draft"]["tau"] == 1
     assert out["levels"][0]["eagle"]["mean_active"] == 1 and out["levels"][0]["eagle"]["padding"] == 0
     assert out["levels"][1]["eagle"]["mean_active"] > 1
     fail("bench", art, "--concurrency", 3, expect=("--concurrency 3 needs an artifact exported with --max-batch 3",))
-    fail("bench", art, "--requests", 3, expect=("--requests and --repeats go with --concurrency",))
+    fail("bench", art, "--requests", 3, expect=("--requests goes with --concurrency",))
+
+
+# ---- --stop-at-eos: the bigram pair, whose head is always accepted (4 drafts and a bonus a round) ---------------
+
+EOS = 2
+
+
+def _starts(cycle: list[int]) -> list[int]:
+    """Start tokens whose output reaches the cycle's EOS in the middle of a round (outputs 3 and 7: the prefill's token,
+    then rounds of 5), so a cut round shows in the counts."""
+    at = cycle.index(EOS)
+    return [(at - 1 - k) % len(cycle) for k in (3, 7)]
+
+
+def test_bench_stop_at_eos_and_the_reference_tau(bigram, tmp_path):
+    """--stop-at-eos ends each generation at its first EOS (our no-draft and EAGLE alike); without it every run makes
+    the full length. tau is 5.0 exactly both ways: every round accepts 4 drafts and is counted whole, also the last
+    one that EOS (or the length) cut, as the reference counts it. A tau from the committed tokens gives less."""
+    _, art, cycle = bigram["eos"]
+    starts = _starts(cycle)
+    p = tmp_path / "starts.jsonl"
+    p.write_text("".join(json.dumps({"prompt_ids": [cycle[s]]}) + "\n" for s in starts))
+    stopped = bench_json(art, "--prompts", p, "--max-new-tokens", 40, "--stop-at-eos")
+    ignored = bench_json(art, "--prompts", p, "--max-new-tokens", 40)
+    assert stopped["aggregate"]["stop_on_eos"] is True and ignored["aggregate"]["stop_on_eos"] is False
+    for k, row, full in zip((3, 7), stopped["prompts"], ignored["prompts"], strict=True):
+        assert row["new_tokens"] == k + 1 and full["new_tokens"] == 40  # the EOS is the (k+1)-th token
+        assert row["lossless"] and full["lossless"]
+        assert row["accept_lengths"] == [4] * len(row["accept_lengths"]) and row["rounds"] == -(-k // 5)
+        assert row["tau"] == full["tau"] == 5.0
+    assert stopped["aggregate"]["tau"] == ignored["aggregate"]["tau"] == 5.0
+
+
+# ---- the peer: pure parts ------------------------------------------------------------------------------------
+
+
+def test_peer_choices():
+    assert pog.choose_unused_id(8, {7, 5, 3}, {6}) == 4
+    assert pog.choose_unused_id(4, set()) == 3
+    with pytest.raises(pog.PeerError, match="every id of the vocabulary"):
+        pog.choose_unused_id(2, {0, 1})
+    assert pog.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert pog.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert pog.first_divergence([1, 2, 3], [1, 2]) == 2  # the peer stopped early
+    assert pog.artifact_precision({}) == "fp32"
+    assert pog.artifact_precision({"quantize": "int4"}) == "int4"
+    assert pog.artifact_precision({"quantization": {"bits": 4, "block_size": 32}}) == "int4"
+    assert pog.artifact_precision({"quantization": {"method": "int8"}}) == "fp32"
+    assert pog.choose_precision({"quantize": "int4"}, "fp32") == "fp32"  # --peer-precision wins
+    with pytest.raises(pog.PeerError, match="--peer-precision must be one of fp32, int4"):
+        pog.choose_precision({}, "int8")
+
+
+def test_mode_order_rotates_every_mode_first():
+    modes = ("eagle", "no_draft", "peer")
+    firsts = [mode_order(i, r, modes)[0] for r in range(3) for i in range(3)]
+    assert sorted(firsts) == sorted(modes * 3)
+    assert mode_order(0, 0, modes[:2]) == ("eagle", "no_draft") and mode_order(1, 0, modes[:2])[0] == "no_draft"
+    assert all(sorted(mode_order(i, 1, modes)) == sorted(modes) for i in range(4))
+
+
+def _run(tokens, seconds, accepts=(0,)):
+    return _Run(list(tokens), len(accepts), list(accepts), 0.0, seconds, seconds / 4, seconds / 2)
+
+
+def test_row_takes_medians_over_repeats_and_compares_the_peer(tmp_path):
+    """3 repeats: tokens/s are medians (not means, not the first repeat), the split is the median run's, the peer's
+    tokens are compared with our no-draft tokens (first divergence), and one repeat whose tokens differ is lossy."""
+    from eagle_export.prompts import PromptSpec
+
+    toks = [5, 6, 7, 8]
+    runs = {"eagle": [_run(toks, 1.0, (2, 1)), _run(toks, 4.0, (2, 1)), _run(toks, 2.0, (2, 1))],
+            "no_draft": [_run(toks, 2.0), _run(toks, 8.0), _run(toks, 1.0)],
+            "peer": [PeerRun([5, 6, 9, 8], 0.5), PeerRun([5, 6, 9, 8], 1.0), PeerRun([5, 6, 9, 8], 4.0)]}
+    row = _row(PromptSpec("p", ids=(1, 2)), [1, 2], runs)
+    assert row.eagle_tok_s == 2.0 and row.no_draft_tok_s == 2.0 and row.peer_tok_s == 4.0  # 4 tokens / 2, 2, 1 s
+    assert row.speedup == 1.0 and row.decode_s == 2.0 and row.draft_s == 0.5 and row.target_s == 1.0
+    assert row.host_s == 0.5 and row.tau == 2.5 and row.lossless
+    assert (row.peer_equal, row.peer_divergence, row.peer_new_tokens) == (False, 2, 4)
+    d = row.to_dict()
+    assert d["eagle_vs_peer"] == pytest.approx(0.5) and d["no_draft_vs_peer"] == pytest.approx(0.5)
+    assert median_run(runs["no_draft"]).decode_s == 2.0
+    runs["no_draft"][1] = _run([5, 6, 7, 0], 8.0)
+    assert not _row(PromptSpec("p", ids=(1, 2)), [1, 2], runs).lossless
+
+
+def test_bench_peer_bad_requests(gqa, monkeypatch, tmp_path):
+    fail("bench", gqa, "--peer-precision", "int4", expect=("--peer-precision go(es) with --peer",))
+    fail("bench", gqa, "--peer", "ort-genai", "--concurrency", 1,
+         expect=("--peer and --stop-at-eos are not available with --url or --concurrency",))
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed, even where it is
+    fail("bench", gqa, "--peer", "ort-genai", "--max-new-tokens", 4,
+         expect=("--peer ort-genai needs onnxruntime-genai", "pip install 'eagle-export[peers]'"))
+    monkeypatch.undo()
+    with pytest.raises(pog.PeerError, match="--peer-target .* is not a Hugging Face model folder"):
+        pog.resolve_target("/anything", tmp_path)
+    with pytest.raises(pog.PeerError, match="the artifact's target source"):
+        pog.resolve_target(str(tmp_path / "gone"), None)
+
+
+# ---- the peer itself (only where onnxruntime-genai is installed: the `peers` extra, part of `test`) -----------
+
+
+def test_bench_peer_ort_genai_on_the_bigram(bigram, tmp_path):
+    """ORT GenAI fp32, built from the artifact's target by its own builder, makes exactly our no-draft tokens: with
+    EOS ignored (it is given an id nobody generates, and runs the full length through the cycle's EOS) and with
+    --stop-at-eos (it stops where we stop). The second bench reuses the built model from the cache."""
+    pytest.importorskip("onnxruntime_genai")
+    _, art, cycle = bigram["eos"]
+    p = tmp_path / "starts.jsonl"
+    p.write_text("".join(json.dumps({"prompt_ids": [cycle[s]]}) + "\n" for s in _starts(cycle)))
+    cache = tmp_path / "peers"
+    common = ("--prompts", p, "--peer", "ort-genai", "--peer-cache", cache, "--repeats", 2)
+    out = bench_json(art, *common, "--max-new-tokens", 24)
+    peer = out["aggregate"]["peer"]
+    assert (peer["name"], peer["precision"], peer["equal"], peer["equal_prompts"]) == ("ort-genai", "fp32", True, 2)
+    assert peer["build_s"] > 0 and [d.name for d in cache.iterdir()] == [Path(peer["model_dir"]).name]
+    assert peer["eos_token_ids"] != [EOS] and peer["eos_token_ids"][0] not in cycle
+    assert out["aggregate"]["repeats"] == 2
+    for r in out["prompts"]:
+        assert r["peer_new_tokens"] == r["new_tokens"] == 24 and r["peer_equal"] is True
+        assert r["peer_first_divergence"] is None
+        assert r["eagle_vs_peer"] == pytest.approx(r["eagle_tok_s"] / r["peer_tok_s"])
+        assert r["no_draft_vs_peer"] == pytest.approx(r["no_draft_tok_s"] / r["peer_tok_s"])
+    assert peer["eagle_vs_peer"] == pytest.approx(statistics.median(r["eagle_vs_peer"] for r in out["prompts"]))
+    assert out["aggregate"]["tokens_per_s"]["peer"] == peer["tokens_per_s"] > 0
+
+    stopped = bench_json(art, *common, "--max-new-tokens", 24, "--stop-at-eos")
+    peer = stopped["aggregate"]["peer"]
+    assert peer["build_s"] is None and peer["eos_token_ids"] == [EOS] and peer["equal"] is True
+    assert [r["peer_new_tokens"] for r in stopped["prompts"]] == [r["new_tokens"] for r in stopped["prompts"]] == [4, 8]

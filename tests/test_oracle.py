@@ -30,6 +30,10 @@ MODELS = {
     "gqa-nobias": ("gqa", {"fc_bias": False}),
     "tied-ownembed": ("tied", {"fc_bias": True, "own_embedding": "random"}),
     "mha-capacity40": ("mha", {"max_seq_len": 40}),
+    # A 2-layer head (HASS norms; the factory key of test_formats' "eagle1-hass-2layers"): its second layer's K/V of
+    # the context rows depend on how those rows attended in the first, so a context-pass mask that is not causal
+    # shows here and nowhere with a 1-layer head (whose cached K/V come from the rows' inputs alone).
+    "gqa-2layers": ("gqa", {"head": (("hass", True), ("num_layers", 2))}),
 }
 
 
@@ -109,7 +113,7 @@ def test_rounds_with_acceptance(pairs):
     """Fixed settings where drafts do get accepted, so multi-token commits are compared too."""
     rng = np.random.default_rng(3)
     accepted = 0
-    for name in ("mha", "gqa-nobias"):
+    for name in ("mha", "gqa-nobias", "gqa-2layers"):
         rt, oracle, capacity = pairs[name]
         for tree in (TreeParams(8, 3, 24), TreeParams(1, 3, 3), TreeParams(3, 2, 10)):
             for _ in range(2):

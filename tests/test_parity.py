@@ -1,4 +1,5 @@
-"""ONNX Runtime outputs of both graphs equal the PyTorch modules they were traced from (fp32, 1e-4).
+"""ONNX Runtime outputs of both graphs equal the PyTorch modules they were traced from (fp32, 1e-4), and the target
+graph equals transformers' own model (not our modules) on a grouped-query config, prefill and tree verify.
 
 Non-causal tree masks, cache length 0 and > 0, batch 1 and 2, several new-token counts; draft rows fed
 from target features only, from fed-back hiddens only (zero-size `features`), and both. EAGLE-1/2 heads
@@ -146,3 +147,52 @@ def test_fp16_export_runs_and_stays_close(models):
                                                         strict=True)))[0]
     assert l16.dtype == np.float32
     assert np.abs(l16 - l32).max() < 0.05 * max(1.0, np.abs(l32).max())
+
+
+def test_target_graph_equals_transformers_on_gqa(models):
+    """The target graph against transformers' LlamaForCausalLM itself, where our modules could share a bug with the
+    graph traced from them: 8 query heads over 2 KV heads (groups of 4). A prefill's logits and features equal
+    transformers' on the prompt; then a tree verify over the prefill's own cache: every node's logits and features
+    equal transformers' last row over the prompt + that node's root-to-node path (tree mask and depth positions)."""
+    from transformers import AutoModelForCausalLM
+
+    target_dir, _, art = models("gqa")
+    m, sess = sessions(art)
+    ti, spec = m.target, m.graphs[C.TARGET_GRAPH].spec
+    assert ti.num_heads // ti.kv_heads == 4 and m.target.feature_layers is None  # grouped; features: final norm
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    rng = np.random.default_rng(4)
+
+    def run(ids, pos, mask, past):
+        n = len(ids)
+        feeds = {C.INPUT_IDS: np.array([ids]), C.POSITION_IDS: np.array([pos]), C.ATTENTION_MASK: mask[None],
+                 C.LOGIT_INDICES: np.arange(n)[None], **dict(zip(C.past_names(ti.num_layers), past, strict=True))}
+        return dict(zip(spec.output_names, sess[C.TARGET_GRAPH].run(spec.output_names, feeds), strict=True))
+
+    def hf_last(ids):
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), output_hidden_states=True)
+        return out.logits[0].numpy(), out.hidden_states[-1][0].numpy()
+
+    prompt = rng.integers(0, ti.vocab_size, 9).tolist()
+    empty = [np.zeros((1, 0, ti.kv_heads, ti.head_dim), np.float32)] * (2 * ti.num_layers)
+    pre = run(prompt, list(range(9)), np.tri(9, dtype=bool), empty)
+    logits, hidden = hf_last(prompt)
+    np.testing.assert_allclose(pre[C.LOGITS][0], logits, atol=TOL, rtol=0)
+    np.testing.assert_allclose(pre[C.FEATURES][0], hidden, atol=TOL, rtol=0)
+
+    parents = [-1, 0, 0, 1, 1, 2, 3]  # a 7-node tree, depths 0, 1, 1, 2, 2, 2, 3
+    tokens = rng.integers(0, ti.vocab_size, len(parents)).tolist()
+    paths = []
+    for j, par in enumerate(parents):
+        paths.append((paths[par] if par >= 0 else []) + [j])
+    mask = np.zeros((len(parents), 9 + len(parents)), dtype=bool)
+    mask[:, :9] = True
+    for j, path in enumerate(paths):
+        mask[j, [9 + a for a in path]] = True
+    past = [pre[n] for n in C.present_names(ti.num_layers)]
+    tree = run(tokens, [9 + len(p) - 1 for p in paths], mask, past)
+    for j, path in enumerate(paths):
+        logits, hidden = hf_last(prompt + [tokens[a] for a in path])
+        np.testing.assert_allclose(tree[C.LOGITS][0, j], logits[-1], atol=TOL, rtol=0, err_msg=f"node {j}")
+        np.testing.assert_allclose(tree[C.FEATURES][0, j], hidden[-1], atol=TOL, rtol=0, err_msg=f"node {j}")

@@ -104,6 +104,19 @@ def test_process_logits_large_vocab_equals_transformers(scale, top_p, top_k):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("probs", [[0.25, 0.25, 0.5], [0.5, 0.25, 0.25]])
+def test_top_p_boundary_equals_transformers(probs):
+    """Probabilities whose cumulative sums are exact in binary hit top-p's boundary: with top_p 0.75 the lowest
+    token's cumulative 0.25 equals 1 - top_p, and transformers drops it (``cum <= 1 - top_p``). Random logits never
+    land on the boundary, so a ``<`` there passes every other test."""
+    logits = np.log(np.array([probs]))
+    params = SamplingParams(1.0, top_p=0.75)
+    got, want = process_logits(logits, params), hf_probs(logits, params)
+    assert (got > 0).sum() == 2  # exactly one of the two 0.25 tokens is dropped, the one transformers drops
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+
+
 def test_process_logits_ties_and_inputs():
     logits = np.array([[1.0, 3.0, 2.0, 3.0, 2.0, -1.0]])
     # top-k 2 keeps both 3.0s; top-k 3 keeps everything >= the 3rd largest (2.0): both 2.0s as well.

@@ -151,7 +151,13 @@ def test_models_health_metrics(server):
     assert metric(after, "eagle_generation_tokens_total") - metric(before, "eagle_generation_tokens_total") == 10
     assert metric(after, "eagle_requests_total", endpoint="/v1/completions", status="ok") == \
         metric(before, "eagle_requests_total", endpoint="/v1/completions", status="ok") + 1
-    assert metric(after, "eagle_tau") >= 1.0
+    # tau is the bonus-inclusive count over every finished drafting generation, from the same counters it reports
+    rounds, accepted = metric(after, "eagle_rounds_total"), metric(after, "eagle_accepted_draft_tokens_total")
+    assert metric(after, "eagle_tau") == pytest.approx((accepted + rounds) / rounds)
+    assert (metric(after, "eagle_accept_length_count"), metric(after, "eagle_accept_length_sum")) == (rounds, accepted)
+    new_rounds = rounds - metric(before, "eagle_rounds_total")
+    committed = new_rounds + accepted - metric(before, "eagle_accepted_draft_tokens_total")
+    assert 10 - 1 <= committed < 10 - 1 + 8  # this request's 9 tokens after the prefill's, the last round whole
     assert "eagle_queue_depth" in after and "eagle_accept_length_bucket" in after
 
 

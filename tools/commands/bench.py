@@ -5,24 +5,31 @@
     print(report.format())            # or json.dumps(report.to_dict())
 
 For each prompt, one greedy EAGLE generation and one greedy `--no-draft` generation run on the same
-runtime (the order alternates from prompt to prompt), after one warm-up generation of each mode.
-Generations ignore EOS (``stop_on_eos=False``), so both runs of a prompt have the same length and
-their tokens can be compared (``lossless``).
+runtime (the order alternates from prompt to prompt), after one warm-up generation of each mode;
+``repeats`` > 1 does this R times over the prompts and reports per-prompt medians.
+Generations ignore EOS (``stop_on_eos=False``) unless ``stop_at_eos``: then each stops at its first EOS, as the
+reference implementation and transformers do. Either way both runs of a prompt can be compared (``lossless``).
+
+``peer="ort-genai"`` adds ORT GenAI's greedy decoding of the same target (tools/commands/peer_ort_genai.py) as a
+third mode, interleaved with ours, with its tokens compared to our plain decoding's.
 
 What is measured (see docs/bench.md):
 
-- tau: committed tokens per target forward (bonus included) over every EAGLE round of every prompt;
+- tau: committed tokens per target forward (bonus included) over every EAGLE round of every prompt, each round
+  counted whole (accepted + 1), also the last one where the length or EOS cut its tokens: the reference's count;
 - n-alpha: for d = 1 .. depth + 1, the fraction of rounds that accepted >= d draft tokens among the
   rounds that accepted >= d - 1 (None when no round got that far);
 - tokens/s: generated tokens / (prefill_s + decode_s) per generation; the median over prompts;
 - speedup: the median over prompts of eagle tokens/s / no-draft tokens/s;
 - the split of EAGLE's decode time into draft graph calls, target graph calls and host work (the rest),
-  timed by a proxy around the runtime's backend, installed for the bench only;
+  timed by a proxy around the runtime's backend, installed for the bench only (no-draft's: target and host);
+- with a peer: its tokens/s, the per-prompt ratios ours / peer (medians), and its tokens against our no-draft ones;
 - peak memory: the process's peak resident set size (``resource.getrusage(...).ru_maxrss``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -37,6 +44,8 @@ from eagle_export.runtime.backend import Backend
 from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
 
+from .peer_ort_genai import choose_unused_id, first_divergence
+
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
 TEXT_PROMPTS = ["The quick brown fox", "def main():", "Once upon a time", "import numpy as np"]
 ID_PROMPT_RULES = [(7, 3, 12), (5, 4, 20), (11, 1, 8), (3, 2, 16)]  # ids (a * i + b) % vocab, i < n
@@ -44,6 +53,9 @@ ID_PROMPT_RULES = [(7, 3, 12), (5, 4, 20), (11, 1, 8), (3, 2, 16)]  # ids (a * i
 
 class BenchError(EagleExportError):
     """A bad bench request: bad settings, --plot without matplotlib (prompt files: eagle_export.prompts)."""
+
+
+MODES = ("eagle", "no_draft", "peer")  # the measured modes, in the order the rotation starts from
 
 
 # ---- prompts -----------------------------------------------------------------------------------
@@ -166,13 +178,54 @@ class PromptRow:
     target_s: float
     host_s: float
     accept_lengths: list[int] = field(default_factory=list)
+    no_draft_decode_s: float = 0.0
+    no_draft_target_s: float = 0.0
+    # With a peer: its tokens/s, its token count, and the first index where its tokens differ from our no-draft
+    # tokens (None: equal).
+    peer_tok_s: float | None = None
+    peer_new_tokens: int | None = None
+    peer_divergence: int | None = None
+
+    @property
+    def peer_equal(self) -> bool | None:
+        return None if self.peer_tok_s is None else self.peer_divergence is None
 
     def to_dict(self) -> dict:
-        return {"source": self.source, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
-                "tau": self.tau, "rounds": self.rounds, "eagle_tok_s": self.eagle_tok_s,
-                "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
-                "eagle_decode_s": self.decode_s, "draft_s": self.draft_s, "target_s": self.target_s,
-                "host_s": self.host_s, "accept_lengths": list(self.accept_lengths)}
+        d = {"source": self.source, "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+             "tau": self.tau, "rounds": self.rounds, "eagle_tok_s": self.eagle_tok_s,
+             "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
+             "eagle_decode_s": self.decode_s, "draft_s": self.draft_s, "target_s": self.target_s,
+             "host_s": self.host_s, "accept_lengths": list(self.accept_lengths),
+             "no_draft_decode_s": self.no_draft_decode_s, "no_draft_target_s": self.no_draft_target_s}
+        if self.peer_tok_s is not None:
+            d.update(peer_tok_s=self.peer_tok_s, peer_new_tokens=self.peer_new_tokens, peer_equal=self.peer_equal,
+                     peer_first_divergence=self.peer_divergence,
+                     eagle_vs_peer=self.eagle_tok_s / max(self.peer_tok_s, 1e-12),
+                     no_draft_vs_peer=self.no_draft_tok_s / max(self.peer_tok_s, 1e-12))
+        return d
+
+
+@dataclass
+class PeerSummary:
+    """The peer's side of a bench: what ran and its aggregate figures (the medians over prompts)."""
+
+    name: str
+    precision: str
+    version: str
+    model_dir: str
+    build_s: float | None  # None: the built model came from the cache
+    eos: list[int]  # the EOS ids it was given (EOS ignored: one id neither side generated)
+    tok_s: float
+    eagle_vs_peer: float  # median over prompts of eagle_tok_s / peer_tok_s
+    no_draft_vs_peer: float
+    equal_prompts: int  # prompts whose peer tokens equal our no-draft tokens
+    prompts: int
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "precision": self.precision, "version": self.version, "model_dir": self.model_dir,
+                "build_s": self.build_s, "eos_token_ids": list(self.eos), "tokens_per_s": self.tok_s,
+                "eagle_vs_peer": self.eagle_vs_peer, "no_draft_vs_peer": self.no_draft_vs_peer,
+                "equal_prompts": self.equal_prompts, "equal": self.equal_prompts == self.prompts}
 
 
 def n_alpha(accept_lengths: list[int], max_depth: int) -> list[float | None]:
@@ -209,39 +262,70 @@ class BenchReport:
     peak_rss_mb: float
     lossless: bool
     warmup: bool = True
+    stop_on_eos: bool = False
+    repeats: int = 1
+    no_draft_split: dict[str, float] = field(default_factory=dict)  # fractions of no-draft decode: target, host
+    peer: PeerSummary | None = None
 
     def to_dict(self) -> dict:
         agg = {"tau": self.tau, "speedup": self.speedup,
                "tokens_per_s": {"eagle": self.eagle_tok_s, "no_draft": self.no_draft_tok_s},
                "n_alpha": list(self.n_alpha), "time_split": dict(self.time_split),
+               "no_draft_time_split": dict(self.no_draft_split),
                "peak_rss_mb": self.peak_rss_mb, "lossless": self.lossless, "prompts": len(self.rows),
                "max_new_tokens": self.max_new_tokens, "tree": self.tree.to_dict(),
-               "backend": self.backend, "threads": self.threads, "greedy": True, "stop_on_eos": False,
-               "artifact": self.artifact}
+               "backend": self.backend, "threads": self.threads, "greedy": True, "stop_on_eos": self.stop_on_eos,
+               "repeats": self.repeats, "artifact": self.artifact}
+        if self.peer is not None:
+            agg["tokens_per_s"]["peer"] = self.peer.tok_s
+            agg["peer"] = self.peer.to_dict()
         return {"aggregate": agg, "prompts": [r.to_dict() for r in self.rows]}
 
     def format(self) -> str:
         t = self.tree
+        pe = self.peer
         head = (f"{'#':>2}  {'prompt':>6}  {'new':>4}  {'tau':>5}  {'eagle tok/s':>11}  {'no-draft tok/s':>14}  "
                 f"{'speedup':>7}  {'draft':>6}  {'target':>6}  {'host':>6}  lossless")
+        if pe is not None:
+            head += f"  {'peer tok/s':>10}  {'eagle/peer':>10}  {'plain/peer':>10}  peer tokens"
+        eos = "stop at EOS" if self.stop_on_eos else "EOS ignored"
+        reps = f", medians of {self.repeats} interleaved repeats" if self.repeats > 1 else ""
         lines = [f"bench {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; tree top_k "
                  f"{t.top_k} depth {t.depth} total_tokens {t.total_tokens}; {self.max_new_tokens} new tokens, greedy, "
-                 "EOS ignored)", "", head, "-" * len(head)]
+                 f"{eos}{reps})", "", head, "-" * len(head)]
         for i, r in enumerate(self.rows, 1):
             d = max(r.decode_s, 1e-12)
-            lines.append(f"{i:>2}  {r.prompt_tokens:>6}  {r.new_tokens:>4}  {r.tau:>5.2f}  {r.eagle_tok_s:>11.1f}  "
-                         f"{r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  {r.draft_s / d:>6.1%}  "
-                         f"{r.target_s / d:>6.1%}  {r.host_s / d:>6.1%}  {'yes' if r.lossless else 'NO'}")
+            line = (f"{i:>2}  {r.prompt_tokens:>6}  {r.new_tokens:>4}  {r.tau:>5.2f}  {r.eagle_tok_s:>11.1f}  "
+                    f"{r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  {r.draft_s / d:>6.1%}  "
+                    f"{r.target_s / d:>6.1%}  {r.host_s / d:>6.1%}  {'yes' if r.lossless else 'NO':>8}")
+            if r.peer_tok_s is not None:
+                same = "equal" if r.peer_equal else f"differ at {r.peer_divergence}"
+                line += (f"  {r.peer_tok_s:>10.1f}  {r.eagle_tok_s / r.peer_tok_s:>9.2f}x  "
+                         f"{r.no_draft_tok_s / r.peer_tok_s:>9.2f}x  {same}")
+            lines.append(line)
         s = self.time_split
         na = ", ".join(f"{i}: {'-' if a is None else f'{a:.2f}'}" for i, a in enumerate(self.n_alpha, 1))
         lines += [
             "",
-            f"tau (committed tokens per target forward, bonus included): {self.tau:.2f}",
+            f"tau (committed tokens per target forward, bonus included): {self.tau:.2f} (every round counted whole)",
             f"acceptance per depth (n-alpha): {na}",
             f"tokens/s (median over {len(self.rows)} prompts): EAGLE {self.eagle_tok_s:.1f}, "
-            f"no-draft {self.no_draft_tok_s:.1f}",
+            f"no-draft {self.no_draft_tok_s:.1f}" + (f", {pe.name} {pe.precision} {pe.tok_s:.1f}" if pe else ""),
             f"speedup (median of per-prompt ratios, measured side by side): {self.speedup:.2f}x",
             f"EAGLE decode time: draft graph {s['draft']:.1%}, target graph {s['target']:.1%}, host {s['host']:.1%}",
+        ]
+        if self.no_draft_split:
+            lines.append(f"no-draft decode time: target graph {self.no_draft_split['target']:.1%}, "
+                         f"host {self.no_draft_split['host']:.1%}")
+        if pe is not None:
+            built = "from the cache" if pe.build_s is None else f"built in {pe.build_s:.1f} s"
+            lines += [
+                f"peer: {pe.name} {pe.version} {pe.precision} ({built}: {pe.model_dir}; EOS ids given: {pe.eos})",
+                f"vs peer (median of per-prompt ratios): EAGLE {pe.eagle_vs_peer:.2f}x, "
+                f"no-draft {pe.no_draft_vs_peer:.2f}x",
+                f"peer tokens == our no-draft tokens: {pe.equal_prompts} of {pe.prompts} prompts",
+            ]
+        lines += [
             f"peak memory: {self.peak_rss_mb:.0f} MiB (the process's peak resident set size, ru_maxrss)",
             f"lossless (EAGLE tokens == no-draft tokens on every prompt): {self.lossless}",
         ]
@@ -251,8 +335,10 @@ class BenchReport:
 # ---- the bench ---------------------------------------------------------------------------------
 
 
-def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: TreeParams, use_draft: bool) -> _Run:
-    stream = rt.stream(prompt_ids=ids, max_new_tokens=max_new, tree=tree, use_draft=use_draft, stop_on_eos=False)
+def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: TreeParams, use_draft: bool,
+              stop_on_eos: bool = False) -> _Run:
+    stream = rt.stream(prompt_ids=ids, max_new_tokens=max_new, tree=tree, use_draft=use_draft,
+                       stop_on_eos=stop_on_eos)
     first = True
     for _ in stream:
         if first:  # the first chunk is the prefill's token: every graph call from here on is decode
@@ -264,11 +350,25 @@ def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: Tree
                 proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.target_seconds)
 
 
-def check_run_settings(max_new_tokens, threads) -> None:
+def check_run_settings(max_new_tokens, threads, repeats: int = 1) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise BenchError(f"--max-new-tokens must be >= 1, got {max_new_tokens!r}")
     if threads is not None and threads < 1:
         raise BenchError(f"--threads must be >= 1, got {threads}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise BenchError(f"--repeats must be >= 1, got {repeats!r}")
+
+
+def mode_order(i: int, parity: int, modes: tuple[str, ...]) -> tuple[str, ...]:
+    """The order of the modes for prompt i (of repeat r: parity r + parity): the list rotated by i + parity, so each
+    mode goes first equally often and slow drift of the machine favours none. Two modes: EAGLE first on even."""
+    k = (i + parity) % len(modes)
+    return modes[k:] + modes[:k]
+
+
+def median_run(runs: list):
+    """The run of median tokens/s (the lower median for an even count): its split is the one reported."""
+    return sorted(runs, key=lambda r: r.tok_s)[(len(runs) - 1) // 2]
 
 
 class PairedSession:
@@ -327,29 +427,73 @@ class PairedSession:
         self.rt.backend.check_tree(tree)
         return tree
 
-    def warm_up(self, tree: TreeParams, max_new_tokens: int) -> None:
+    def warm_up(self, tree: TreeParams, max_new_tokens: int, *, stop_on_eos: bool = False) -> None:
         """One EAGLE and one no-draft generation of the first prompt, not counted."""
         for use_draft in (True, False):
-            _run_checked(self.rt, self.proxy, self.specs[0], self.prompt_ids[0], max_new_tokens, tree, use_draft)
+            self.run(0, max_new_tokens, tree, use_draft, stop_on_eos)
 
-    def measure(self, tree: TreeParams, max_new_tokens: int, *, parity: int = 0, log=None) -> list[PromptRow]:
+    def run(self, i: int, max_new_tokens: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool = False) -> _Run:
+        """One generation of prompt i (a GenerationError becomes a BenchError naming the prompt)."""
+        return _run_checked(self.rt, self.proxy, self.specs[i], self.prompt_ids[i], max_new_tokens, tree, use_draft,
+                            stop_on_eos)
+
+    def measure(self, tree: TreeParams, max_new_tokens: int, *, parity: int = 0, log=None, stop_on_eos: bool = False,
+                repeats: int = 1, peer=None) -> list[PromptRow]:
         """For each prompt, one EAGLE and one no-draft generation one right after the other; the order alternates
-        from prompt to prompt (EAGLE first on even ``i + parity``)."""
-        rows = []
-        for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True)):
-            order = (True, False) if (i + parity) % 2 == 0 else (False, True)  # alternate which mode goes first
-            runs = {u: _run_checked(self.rt, self.proxy, spec, ids, max_new_tokens, tree, u) for u in order}
-            e, n = runs[True], runs[False]
-            host = max(e.decode_s - e.draft_s - e.target_s, 0.0)
-            rows.append(PromptRow(
-                spec.source, len(ids), len(e.tokens),
-                tau(e.accept_lengths), e.rounds,
-                e.tok_s, n.tok_s, e.tok_s / max(n.tok_s, 1e-12), e.tokens == n.tokens,
-                e.decode_s, e.draft_s, e.target_s, host, e.accept_lengths))
-            if log is not None:
-                log(f"prompt {i + 1}/{len(self.specs)}: tau {rows[-1].tau:.2f}, EAGLE {e.tok_s:.1f} tok/s, "
-                    f"no-draft {n.tok_s:.1f} tok/s")
-        return rows
+        from prompt to prompt (EAGLE first on even ``i + parity``). ``repeats`` R: R passes over the prompts (pass r
+        rotates the order by r more), per-prompt tokens/s the median of the R. ``peer``: a third mode (an object
+        with ``generate(ids, max_new) -> PeerRun``) in the rotation, given as many tokens as our no-draft run made
+        when EOS is ignored (so a peer that stops early is caught)."""
+        modes = MODES if peer is not None else MODES[:2]
+        capacity = self.rt.manifest.max_seq_len
+        runs: list[dict[str, list]] = [{m: [] for m in modes} for _ in self.specs]
+        for r in range(repeats):
+            for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True)):
+                done = {}
+                for mode in mode_order(i, parity + r, modes):
+                    if mode == "peer":  # EOS ignored: as many tokens as ours make (the capacity may cut them)
+                        done[mode] = _peer_run(peer, spec, ids, max_new_tokens if stop_on_eos else
+                                               min(max_new_tokens, capacity - len(ids)), exact=not stop_on_eos)
+                    else:
+                        done[mode] = self.run(i, max_new_tokens, tree, mode == "eagle", stop_on_eos)
+                    runs[i][mode].append(done[mode])
+                if log is not None:
+                    e, n = done["eagle"], done["no_draft"]
+                    more = f", {peer.name} {done['peer'].tok_s:.1f} tok/s" if peer is not None else ""
+                    rep = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
+                    log(f"prompt {i + 1}/{len(self.specs)}{rep}: tau {tau(e.accept_lengths):.2f}, EAGLE "
+                        f"{e.tok_s:.1f} tok/s, no-draft {n.tok_s:.1f} tok/s{more}")
+        return [_row(spec, ids, rr) for spec, ids, rr in zip(self.specs, self.prompt_ids, runs, strict=True)]
+
+
+def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):
+    """One peer generation; ``exact`` (EOS ignored): it must make all MAX_NEW tokens, or its EOS id was met."""
+    run = peer.generate(ids, max_new)
+    if exact and (run.stopped_at or len(run.tokens) != max_new):
+        raise BenchError(f"{spec.source}: {peer.name} stopped after {run.count} of {max_new} tokens with EOS ignored "
+                         f"(it generated the id given as its EOS, {peer.eos}): its figures would not be comparable")
+    return run
+
+
+def _row(spec: PromptSpec, ids: list[int], runs: dict[str, list]) -> PromptRow:
+    """One prompt's row from its runs per mode (one per repeat): medians of tokens/s, the median EAGLE run's split."""
+    es, ns = runs["eagle"], runs["no_draft"]
+    e, n = median_run(es), median_run(ns)
+    e_tok_s, n_tok_s = statistics.median(x.tok_s for x in es), statistics.median(x.tok_s for x in ns)
+    first = es[0]  # greedy: every repeat makes the same tokens and rounds (lossless checks them all)
+    row = PromptRow(
+        spec.source, len(ids), len(first.tokens), tau(first.accept_lengths), first.rounds,
+        e_tok_s, n_tok_s, e_tok_s / max(n_tok_s, 1e-12),
+        all(x.tokens == y.tokens for x in es for y in ns),
+        e.decode_s, e.draft_s, e.target_s, max(e.decode_s - e.draft_s - e.target_s, 0.0), list(first.accept_lengths),
+        no_draft_decode_s=n.decode_s, no_draft_target_s=n.target_s)
+    if "peer" in runs:
+        ps = runs["peer"]
+        row.peer_tok_s = statistics.median(x.tok_s for x in ps)
+        row.peer_new_tokens = ps[0].count
+        divs = [first_divergence(ns[0].tokens, x.as_ours(ns[0].tokens)) for x in ps]
+        row.peer_divergence = next((d for d in divs if d is not None), None)
+    return row
 
 
 def tau_of(rows: list[PromptRow]) -> float:
@@ -357,13 +501,58 @@ def tau_of(rows: list[PromptRow]) -> float:
     return tau([a for r in rows for a in r.accept_lengths])
 
 
+def time_splits(rows: list[PromptRow]) -> tuple[dict[str, float], dict[str, float]]:
+    """EAGLE's decode time split {draft, target, host} and no-draft's {target, host}, as fractions of the decode time
+    summed over the rows."""
+    decode = sum(r.decode_s for r in rows)
+    parts = {"draft": sum(r.draft_s for r in rows), "target": sum(r.target_s for r in rows),
+             "host": sum(r.host_s for r in rows)}
+    split = {k: (v / decode if decode > 0 else 0.0) for k, v in parts.items()}
+    nd = sum(r.no_draft_decode_s for r in rows)
+    nt = sum(r.no_draft_target_s for r in rows)
+    plain = {"target": nt / nd if nd > 0 else 0.0, "host": max(nd - nt, 0.0) / nd if nd > 0 else 0.0}
+    return split, plain
+
+
+def peer_summary(peer, rows: list[PromptRow]) -> PeerSummary:
+    return PeerSummary(
+        name=peer.name, precision=peer.precision, version=peer.version, model_dir=str(peer.model_dir),
+        build_s=peer.build_s, eos=list(peer.eos), tok_s=statistics.median(r.peer_tok_s for r in rows),
+        eagle_vs_peer=statistics.median(r.eagle_tok_s / r.peer_tok_s for r in rows),
+        no_draft_vs_peer=statistics.median(r.no_draft_tok_s / r.peer_tok_s for r in rows),
+        equal_prompts=sum(1 for r in rows if r.peer_equal), prompts=len(rows))
+
+
+def open_peer(session: PairedSession, name: str, *, precision: str | None, target: str | Path | None,
+              cache: str | Path | None, threads: int | None, log=None):
+    """The peer NAME for the session's artifact: built (or taken from the cache: default ARTIFACT/peers) from the
+    target folder (default: the one the artifact was exported from), at the artifact's precision unless given."""
+    from . import peer_ort_genai as pog
+
+    if name not in pog.PEERS:
+        raise BenchError(f"--peer must be one of {', '.join(pog.PEERS)}, got {name!r}")
+    pog.import_genai()  # a clear error before anything is built
+    raw = json.loads((Path(session.artifact) / "manifest.json").read_text())
+    prec = pog.choose_precision(raw, precision)
+    target_dir = pog.resolve_target(session.manifest.target.source, target)
+    cache_dir = Path(cache) if cache is not None else Path(session.artifact) / "peers"
+    return pog.OrtGenaiPeer.prepare(target_dir, precision=prec, cache=cache_dir, threads=threads, log=log)
+
+
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
           tree: TreeParams | None = None, top_k: int | None = None, depth: int | None = None,
           total_tokens: int | None = None, backend: str = "ort", threads: int | None = None,
-          warmup: bool = True, log=None) -> BenchReport:
+          warmup: bool = True, stop_at_eos: bool = False, repeats: int | None = None, peer: str | None = None,
+          peer_precision: str | None = None, peer_target: str | Path | None = None,
+          peer_cache: str | Path | None = None, log=None) -> BenchReport:
     """Run the bench on ARTIFACT; see the module docstring. tree: full tree settings, or top_k/depth/total_tokens
-    overriding the artifact's defaults one by one. log: optional callable for progress lines."""
-    check_run_settings(max_new_tokens, threads)
+    overriding the artifact's defaults one by one. repeats: passes over the prompts (default 3 with a peer, else 1).
+    peer: "ort-genai" (peer_precision fp32|int4, default the artifact's; peer_target: the Hugging Face folder to
+    build it from, default the artifact's target source; peer_cache: where built models are kept, default
+    ARTIFACT/peers). log: optional callable for progress lines."""
+    if repeats is None:
+        repeats = 3 if peer is not None else 1
+    check_run_settings(max_new_tokens, threads, repeats)
     say = log or (lambda msg: None)
     with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
         if tree is None:
@@ -371,15 +560,25 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
             tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
                               total_tokens if total_tokens is not None else d.total_tokens)
         tree.validate(s.manifest.tree_limits)
+        the_peer = None
+        if peer is not None:
+            the_peer = open_peer(s, peer, precision=peer_precision, target=peer_target, cache=peer_cache,
+                                 threads=threads, log=say)
+            eos = list(s.manifest.target.eos_token_ids)
+            if stop_at_eos:
+                the_peer.set_eos(eos)
+            else:  # an id our plain decoding of these prompts never makes (fp32: neither does the peer; checked)
+                say("our plain decoding of every prompt once, to choose an EOS id the peer never meets (not counted)")
+                made = {t for i in range(len(s.specs)) for t in s.run(i, max_new_tokens, tree, False).tokens}
+                the_peer.set_eos([choose_unused_id(s.manifest.target.vocab_size, made, set(eos))])
         if warmup:
             say("warm-up")
-            s.warm_up(tree, max_new_tokens)
-        rows = s.measure(tree, max_new_tokens, log=say)
+            s.warm_up(tree, max_new_tokens, stop_on_eos=stop_at_eos)
+            if the_peer is not None:
+                the_peer.generate(s.prompt_ids[0], max_new_tokens)
+        rows = s.measure(tree, max_new_tokens, log=say, stop_on_eos=stop_at_eos, repeats=repeats, peer=the_peer)
     all_accepts = [a for r in rows for a in r.accept_lengths]
-    decode = sum(r.decode_s for r in rows)
-    parts = {"draft": sum(r.draft_s for r in rows), "target": sum(r.target_s for r in rows),
-             "host": sum(r.host_s for r in rows)}
-    split = {k: (v / decode if decode > 0 else 0.0) for k, v in parts.items()}
+    split, plain = time_splits(rows)
     return BenchReport(
         artifact=str(artifact), backend=backend, threads=threads, max_new_tokens=max_new_tokens, tree=tree, rows=rows,
         tau=tau_of(rows),
@@ -387,12 +586,14 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
         eagle_tok_s=statistics.median(r.eagle_tok_s for r in rows),
         no_draft_tok_s=statistics.median(r.no_draft_tok_s for r in rows),
         speedup=statistics.median(r.speedup for r in rows),
-        time_split=split, peak_rss_mb=peak_rss_mb(), lossless=all(r.lossless for r in rows), warmup=warmup)
+        time_split=split, peak_rss_mb=peak_rss_mb(), lossless=all(r.lossless for r in rows), warmup=warmup,
+        stop_on_eos=stop_at_eos, repeats=repeats, no_draft_split=plain,
+        peer=None if the_peer is None else peer_summary(the_peer, rows))
 
 
-def _run_checked(rt, proxy, spec: PromptSpec, ids, max_new, tree, use_draft) -> _Run:
+def _run_checked(rt, proxy, spec: PromptSpec, ids, max_new, tree, use_draft, stop_on_eos: bool = False) -> _Run:
     try:
-        return _generate(rt, proxy, ids, max_new, tree, use_draft)
+        return _generate(rt, proxy, ids, max_new, tree, use_draft, stop_on_eos)
     except GenerationError as e:
         raise BenchError(f"{spec.source}: {e}") from None
 
