@@ -328,6 +328,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
                 steps.set_postfix_str("tracing fused target graph")
                 _export_fused(target, draft.feature_layers, kv_rows, dtype, (ids, pos, mask, rows), fspec, tmp,
                               sources)
+            else:
+                steps.set_postfix_str("no fused target graph")
             steps.update()
             steps.set_postfix_str("tracing draft step graph")
             # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.

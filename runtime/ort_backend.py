@@ -167,6 +167,9 @@ class OrtBackend:
         self.host_memory = self.device == "cpu"
         self.last_exec_s: float | None = 0.0
         # The graphs this backend runs (the fused target graph where the artifact has one), and only those.
+        # The fused graph on the CPU provider only: it is what was checked (its CUDA kernels take other restrictions
+        # and have not run here).
+        fused = fused and self.device == "cpu"
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
         runs = {self.target_graph, C.DRAFT_GRAPH}
         self.spin = spin

@@ -21,7 +21,7 @@ def setup(engines):
     t = load_target(target, progress=False)
     head, _, _ = load_eagle1_head(draft, t)
     modules = {C.TARGET_GRAPH: TargetVerify(t.model).eval(), C.DRAFT_GRAPH: DraftStep(head, m.tree_limits.max_top_k)}
-    return m, modules, EagleRuntime.open(art, threads=1).backend
+    return m, modules, EagleRuntime.open(art, threads=1, fused=False).backend
 
 
 @pytest.mark.parametrize("graph, new, past, rows", [(C.TARGET_GRAPH, 20, 0, 1), (C.TARGET_GRAPH, 13, 30, 13),

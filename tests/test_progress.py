@@ -18,9 +18,9 @@ from eagle_export.cli import main
 from eagle_export.errors import CheckpointError
 from eagle_export.export.exporter import ExportOptions, export_artifact
 
-EXPORT_LINES = ["export: 1/5 steps (loading target)", "export: 2/5 steps (loading draft)",
-                "export: 3/5 steps (tracing target verify graph)", "export: 4/5 steps (tracing draft step graph)",
-                "export: 5/5 steps (writing tokenizer and manifest)"]
+EXPORT_LINES = ["export: 1/6 steps (loading target)", "export: 2/6 steps (loading draft)",
+                "export: 3/6 steps (tracing target verify graph)", "export: 4/6 steps (tracing fused target graph)",
+                "export: 5/6 steps (tracing draft step graph)", "export: 6/6 steps (writing tokenizer and manifest)"]
 
 
 class Terminal(io.StringIO):
@@ -67,7 +67,7 @@ def test_on_a_terminal_the_bar_redraws_and_an_error_starts_its_own_line(tiny, tm
         main.main(args, standalone_mode=False)
     assert e.value.code == 2
     out = term.getvalue()
-    assert "\r" in out and "1/5" in out  # a redrawn bar, one step done
+    assert "\r" in out and "1/6" in out  # a redrawn bar, one step done
     before, sep, after = out.partition("error: ")
     assert sep and before.endswith("\n"), repr(out[-300:])
     assert "no-such-head" in after and after.endswith("\n")

@@ -134,23 +134,23 @@ def test_manifest_from_another_model(plain, tiny, tmp_path):
 
 def test_truncated_weights_file(plain, tmp_path):
     art = shutil.copytree(plain, tmp_path / "art")
-    data = art / "target_verify.onnx.data"
+    data = art / "target_verify.onnx.data"  # the weights of both target graphs
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     msg = cli_error("generate", art, "--prompt-ids", "3,4")
-    assert "could not load graph" in msg and "target_verify.onnx" in msg and "re-export" in msg
+    assert "could not load graph" in msg and "target_verify_fused.onnx" in msg and "re-export" in msg
 
 
 # ---- export interrupted --------------------------------------------------------------------------
 
 
 def interrupt_second_graph(monkeypatch, exc: BaseException) -> list[str]:
-    """Let the target graph trace, then fail while the draft graph is being written."""
+    """Let the target graphs trace (standard and fused), then fail while the draft graph is being written."""
     calls: list[str] = []
     real = exporter._export_graph
 
     def flaky(module, args, spec, path, *lean):
         calls.append(spec.name)
-        if len(calls) == 2:
+        if spec.name == "draft_step":
             path.write_bytes(b"half a graph")  # a partly written file, as a real interruption leaves
             raise exc
         real(module, args, spec, path, *lean)
@@ -166,7 +166,7 @@ def test_interrupted_export_leaves_nothing(models, tmp_path, monkeypatch, exc):
     out = tmp_path / "art"
     with pytest.raises(type(exc)):
         export_artifact(target, draft, out, ExportOptions(max_seq_len=32), progress=False)
-    assert calls == ["target_verify", "draft_step"]
+    assert calls == ["target_verify", "target_verify_fused", "draft_step"]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no artifact, no .art.partial-*
 
 

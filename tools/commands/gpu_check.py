@@ -373,7 +373,7 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
         out["open_s"] = time.perf_counter() - t0
         timer = CallTimer(trt_rt.backend)
         trt_rt.generator.backend = trt_rt.backend = timer
-        cpu_rt = (EagleRuntime.open(art, backend="ort", providers=["CPUExecutionProvider"])
+        cpu_rt = (EagleRuntime.open(art, backend="ort", providers=["CPUExecutionProvider"], fused=False)
                   if m.dtype != "bfloat16" else None)  # ONNX Runtime has no bf16 kernels
         t0 = time.perf_counter()  # the first run compiles kernels (TensorRT-RTX JIT): keep it out of the timings
         trt_rt.generate(prompt_ids=prompt_list[0], max_new_tokens=8, tree=tree, stop_on_eos=False)
