@@ -1,0 +1,167 @@
+"""Measure ONNX Runtime's CPU MatMulNBits (weight-only int4/int8) against a float32 MatMul, per row count.
+
+    python -m eagle_export.tools.commands.quant_bench [--threads 2] [--rows 1,4,8,13,16,32] [--repeats 5]
+
+Why: a 13-token EAGLE verify should cost no more than 2x a 1-token step on the quantized target (issue 22), and
+which kernel MatMulNBits takes depends on bits, block size and accuracy_level (0/1: float A, dequantized weights;
+4: A quantized to int8 per block, integer dot products). This program times each setting on Llama-3.2-1B's
+projection shapes (K=2048 -> N=2048 (q, o), 512 (k, v), 8192 (gate, up); K=8192 -> N=2048 (down)) at each row
+count M, one single-node graph per shape and setting (built with export/quantize.py), with ``intra_op_num_threads``
+threads. Every repeat visits every (shape, M, setting) once, in turn (interleaved); a visit times single calls for
+``--budget-ms`` and keeps their median, and the figures are medians of those over repeats.
+
+It prints one table per shape, then a 1B decoder layer's MatMul time (2 q/o + 2 k/v + 2 gate/up + 1 down) per M with
+the ratio to M=1: the verify/step ratio the MatMuls alone give. Timings are for reading, not pass/fail: run it
+where you deploy (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+
+import click
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from eagle_export.export.quantize import quantize_matmuls
+
+LLAMA_1B_SHAPES = ((2048, 2048), (2048, 512), (2048, 8192), (8192, 2048))
+# (K, N) -> how many of that projection one Llama-3.2-1B decoder layer has (q+o, k+v, gate+up, down).
+LAYER_COUNTS = {(2048, 2048): 2, (2048, 512): 2, (2048, 8192): 2, (8192, 2048): 1}
+
+
+@dataclass(frozen=True)
+class Setting:
+    bits: int | None  # None: the float32 MatMul
+    block_size: int = 0
+    accuracy_level: int = 0
+
+    @property
+    def label(self) -> str:
+        return "fp32" if self.bits is None else f"int{self.bits} b{self.block_size} a{self.accuracy_level}"
+
+
+def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
+    k, n = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="proj/MatMul")], "proj",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "m", n])],
+        [numpy_helper.from_array(w, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def _session(model: onnx.ModelProto, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _sessions(shape: tuple[int, int], settings: list[Setting], threads: int, seed: int) -> dict[Setting, object]:
+    """One session per setting for one (K, N); each (bits, block size) is quantized once."""
+    w = (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(np.float32)
+    out = {}
+    quantized: dict[tuple[int, int], onnx.ModelProto] = {}
+    for s in settings:
+        if s.bits is None:
+            out[s] = _session(_matmul_model(w), threads)
+            continue
+        key = (s.bits, s.block_size)
+        if key not in quantized:
+            m = _matmul_model(w)
+            quantize_matmuls(m, s.bits, s.block_size, symmetric=True, accuracy_level=0, form="nbits", predicate=None)
+            quantized[key] = m
+        m = onnx.ModelProto()
+        m.CopyFrom(quantized[key])
+        for a in m.graph.node[0].attribute:
+            if a.name == "accuracy_level":
+                a.i = s.accuracy_level
+        out[s] = _session(m, threads)
+    return out
+
+
+def _time_call(sess, x: np.ndarray, budget_s: float) -> float:
+    """Seconds per call: the median of calls timed one by one for about budget_s (at least 3), after a warm-up
+    call; the median keeps a call that another process preempted from counting."""
+    feed = {"x": x}
+    sess.run(None, feed)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from e
+
+
+@click.command()
+@click.option("--threads", default=2, show_default=True, help="ONNX Runtime intra-op threads.")
+@click.option("--rows", default="1,4,8,13,16,32", show_default=True, callback=lambda c, p, v: _ints(v),
+              help="Row counts M (tokens per call).")
+@click.option("--bits", "bits_list", default="4,8", show_default=True, callback=lambda c, p, v: _ints(v))
+@click.option("--block-sizes", default="32,64,128", show_default=True, callback=lambda c, p, v: _ints(v))
+@click.option("--levels", default="0,1,4", show_default=True, callback=lambda c, p, v: _ints(v),
+              help="MatMulNBits accuracy_level values.")
+@click.option("--repeats", default=5, show_default=True, help="Interleaved repeats; figures are their medians.")
+@click.option("--budget-ms", default=30.0, show_default=True, help="Time spent per measurement.")
+@click.option("--shapes", default="", help="K:N pairs, comma-separated (default: Llama-3.2-1B's four).")
+def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_sizes: tuple[int, ...],
+         levels: tuple[int, ...], repeats: int, budget_ms: float, shapes: str) -> None:
+    """Time MatMulNBits settings against float32 MatMul on ONNX Runtime CPU (medians of interleaved repeats)."""
+    import onnxruntime as ort
+
+    shape_list = (tuple(tuple(int(v) for v in p.split(":")) for p in shapes.split(",")) if shapes
+                  else LLAMA_1B_SHAPES)
+    settings = [Setting(None)] + [Setting(b, bs, a) for b, bs, a in itertools.product(bits_list, block_sizes, levels)]
+    click.echo(f"onnxruntime {ort.__version__}, {threads} intra-op threads, {repeats} interleaved repeats, "
+               f"{budget_ms:.0f} ms per measurement; building {len(settings) * len(shape_list)} sessions ...")
+    sessions = {shape: _sessions(shape, settings, threads, seed=i) for i, shape in enumerate(shape_list)}
+    inputs = {(shape, m): np.random.default_rng(m).standard_normal((1, m, shape[0])).astype(np.float32)
+              for shape in shape_list for m in rows}
+    samples: dict[tuple, list[float]] = {}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        for shape, m, s in itertools.product(shape_list, rows, settings):
+            samples.setdefault((shape, m, s), []).append(
+                _time_call(sessions[shape][s], inputs[(shape, m)], budget_ms / 1000))
+        click.echo(f"repeat {r + 1}/{repeats} in {time.perf_counter() - t0:.0f} s")
+    med = {key: statistics.median(v) * 1000 for key, v in samples.items()}
+
+    width = max(len(s.label) for s in settings)
+    head = f"{'setting':<{width}} " + " ".join(f"{'M=' + str(m):>8}" for m in rows)
+    for shape in shape_list:
+        click.echo(f"\nK={shape[0]} N={shape[1]}: median ms per call")
+        click.echo(head)
+        for s in settings:
+            click.echo(f"{s.label:<{width}} " + " ".join(f"{med[(shape, m, s)]:8.3f}" for m in rows))
+
+    if set(shape_list) == set(LAYER_COUNTS) and 1 in rows:
+        click.echo("\n1B decoder layer, MatMuls only (2 q/o + 2 k/v + 2 gate/up + 1 down): median ms, ratio to M=1, "
+                   "speed-up over fp32 at M=1")
+        click.echo(head + f" {'13/1':>6} {'16/1':>6} {'x fp32':>7}")
+        layer = {(m, s): sum(c * med[(shape, m, s)] for shape, c in LAYER_COUNTS.items())
+                 for m in rows for s in settings}
+        fp32_step = layer[(1, settings[0])]
+        for s in settings:
+            ratios = " ".join(f"{layer[(m, s)] / layer[(1, s)]:6.2f}" if m in rows else f"{'-':>6}" for m in (13, 16))
+            click.echo(f"{s.label:<{width}} " + " ".join(f"{layer[(m, s)]:8.3f}" for m in rows)
+                       + f" {ratios} {fp32_step / layer[(1, s)]:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
