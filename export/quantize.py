@@ -40,6 +40,7 @@ QDQ_OPSET = 21  # DequantizeLinear with block_size and int4/uint4 (opset 21)
 FORMS = ("nbits", "qdq")
 BITS = (4, 8)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+CHUNK_ELEMENTS = 1 << 22  # weight elements quantized at a time (the float64 working copies are ~10x this in bytes)
 FLOAT_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 
@@ -71,11 +72,20 @@ class QuantizedWeight:
     codes: np.ndarray  # uint8 [N, n_blocks * block_size]: unsigned codes (signed + 2^(bits-1) when symmetric)
     scales: np.ndarray  # [N, n_blocks], float32 or float16 (the weight's dtype)
     zero_points: np.ndarray | None  # uint8 [N, n_blocks] unpacked; None when symmetric (MatMulNBits' default)
-    dequantized: np.ndarray  # float32 [K, N]: (q - zero_point) * scale, the exact parity reference
 
     @property
     def n_blocks(self) -> int:
         return self.scales.shape[1]
+
+    @property
+    def dequantized(self) -> np.ndarray:
+        """float32 [K, N]: ``(q - zero_point) * scale``, what a kernel reconstructs (the exact parity reference).
+        Computed on each access (it is as large as the float weight)."""
+        q = self.codes.reshape(self.n, self.n_blocks, self.block_size).astype(np.float32)
+        zp = (np.float32(1 << (self.bits - 1)) if self.zero_points is None
+              else self.zero_points.astype(np.float32)[..., None])
+        deq = (q - zp) * self.scales.astype(np.float32)[..., None]
+        return np.ascontiguousarray(deq.reshape(self.n, -1)[:, : self.k].T)
 
     @property
     def packed(self) -> np.ndarray:
@@ -125,40 +135,45 @@ def quantize_weight(w: np.ndarray, bits: int = 4, block_size: int = 32, symmetri
     """Quantize ``W [K, N]`` (used as ``x @ W``) block-wise along K.
 
     The scales keep W's dtype (float32, or float16 for a float16 W, as MatMulNBits wants them in A's dtype); codes are
-    chosen against the stored scale, so ``dequantized`` is exactly what a kernel reconstructs."""
+    chosen against the stored scale, so ``dequantized`` is exactly what a kernel reconstructs. Columns are processed
+    in chunks of about CHUNK_ELEMENTS, so the float64 working copies stay small even for an lm_head."""
     check_settings(bits, block_size)
     w = np.asarray(w)
     if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
         raise QuantizeError(f"weight must be a 2-D float32/float16 array, got {w.dtype} {list(w.shape)}")
+    k, n = w.shape
+    n_blocks = -(-k // block_size)
+    step = max(1, CHUNK_ELEMENTS // (n_blocks * block_size))
+    parts = [_quantize_columns(w[:, j:j + step], bits, block_size, symmetric) for j in range(0, n, step)]
+    codes = np.concatenate([p[0] for p in parts])
+    scales = np.concatenate([p[1] for p in parts])
+    zero_points = None if symmetric else np.concatenate([p[2] for p in parts])
+    return QuantizedWeight(bits, block_size, symmetric, k, n, codes, scales, zero_points)
+
+
+def _quantize_columns(w: np.ndarray, bits: int, block_size: int, symmetric: bool):
+    """(codes [n, n_blocks * block_size], scales [n, n_blocks], zero points [n, n_blocks] or None) of W [K, n]."""
     if not np.isfinite(w).all():
         raise QuantizeError("weight has non-finite values (inf or nan): it cannot be quantized")
     k, n = w.shape
     n_blocks = -(-k // block_size)
-    wt = np.zeros((n, n_blocks * block_size), np.float64)  # [N, K padded]: a column's blocks are contiguous
+    wt = np.zeros((n, n_blocks * block_size), np.float64)  # [n, K padded]: a column's blocks are contiguous
     wt[:, :k] = w.T
     blocks = wt.reshape(n, n_blocks, block_size)
     dtype = w.dtype.type
     if symmetric:
         qmax = (1 << (bits - 1)) - 1
         scales = _scale_for(np.abs(blocks).max(axis=2), qmax, dtype)
-        s = scales.astype(np.float64)[..., None]
-        signed = np.clip(np.rint(blocks / s), -qmax, qmax)
-        codes = (signed + (1 << (bits - 1))).astype(np.uint8)
-        zero_points = None
-        deq = signed * s
-    else:
-        qmax = (1 << bits) - 1
-        lo = np.minimum(blocks.min(axis=2), 0.0)
-        hi = np.maximum(blocks.max(axis=2), 0.0)
-        scales = _scale_for(hi - lo, qmax, dtype)
-        s = scales.astype(np.float64)
-        zero_points = np.clip(np.rint(-lo / s), 0, qmax).astype(np.uint8)
-        zp = zero_points.astype(np.float64)[..., None]
-        s = s[..., None]
-        codes = np.clip(np.rint(blocks / s) + zp, 0, qmax).astype(np.uint8)
-        deq = (codes - zp) * s
-    dequantized = np.ascontiguousarray(deq.reshape(n, -1)[:, :k].T, dtype=np.float32)
-    return QuantizedWeight(bits, block_size, symmetric, k, n, codes.reshape(n, -1), scales, zero_points, dequantized)
+        signed = np.clip(np.rint(blocks / scales.astype(np.float64)[..., None]), -qmax, qmax)
+        return (signed + (1 << (bits - 1))).astype(np.uint8).reshape(n, -1), scales, None
+    qmax = (1 << bits) - 1
+    lo = np.minimum(blocks.min(axis=2), 0.0)
+    hi = np.maximum(blocks.max(axis=2), 0.0)
+    scales = _scale_for(hi - lo, qmax, dtype)
+    s = scales.astype(np.float64)
+    zero_points = np.clip(np.rint(-lo / s), 0, qmax).astype(np.uint8)
+    codes = np.clip(np.rint(blocks / s[..., None]) + zero_points[..., None], 0, qmax).astype(np.uint8)
+    return codes.reshape(n, -1), scales, zero_points
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ quantization steps.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,9 @@ def test_matmulnbits_equals_dequantized(dtype, bits, symmetric, block_size, k, n
     report = quantize_matmuls(model, bits, block_size, symmetric, accuracy_level=0, form="nbits", predicate=None)
     assert [s.weight for s in report.quantized] == ["W"] and [i.name for i in model.graph.initializer] != ["W"]
     assert [node.op_type for node in model.graph.node] == ["MatMulNBits"]
+    with tempfile.TemporaryDirectory() as tmp:  # after ORT's optimisation too: no Cast around an fp16 MatMulNBits
+        _session(model, optimized=Path(tmp) / "opt.onnx")
+        assert [node.op_type for node in onnx.load(Path(tmp) / "opt.onnx").graph.node] == ["MatMulNBits"]
     err, _ = _run_ref(model, q.dequantized)
     assert err < (RTOL if dtype == "fp32" else RTOL_FP16), err
     # the quantization is not the identity: W' differs from W by up to half a step
@@ -405,3 +409,19 @@ def test_external_weights_of_a_saved_graph(tmp_path):
     quantize_matmuls(loaded, 4, 16, predicate=None, base_dir=tmp_path)
     err, _ = _run_ref(loaded, quantize_weight(w, 4, 16).dequantized)
     assert err < RTOL
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_chunked_columns_equal_one_pass(monkeypatch, symmetric):
+    """Large weights are quantized a few columns at a time (bounded memory): the result is the same arrays."""
+    from eagle_export.export import quantize as Q
+
+    w = _weight(96, 37, np.float32, seed=5)
+    whole = quantize_weight(w, 4, 32, symmetric)
+    monkeypatch.setattr(Q, "CHUNK_ELEMENTS", 96 * 5)  # 5 columns per chunk, the last one shorter
+    chunked = quantize_weight(w, 4, 32, symmetric)
+    np.testing.assert_array_equal(chunked.codes, whole.codes)
+    np.testing.assert_array_equal(chunked.scales, whole.scales)
+    np.testing.assert_array_equal(chunked.dequantized, whole.dequantized)
+    if not symmetric:
+        np.testing.assert_array_equal(chunked.zero_points, whole.zero_points)

@@ -1,4 +1,4 @@
-"""Measure ONNX Runtime's CPU MatMulNBits (weight-only int4/int8) against a float32 MatMul, per row count.
+"""Measure ONNX Runtime's CPU MatMulNBits (weight-only int4/int8) against a float MatMul, per row count.
 
     python -m eagle_export.tools.commands.quant_bench [--threads 2] [--rows 1,4,8,13,16,32] [--repeats 5]
 
@@ -36,21 +36,22 @@ LAYER_COUNTS = {(2048, 2048): 2, (2048, 512): 2, (2048, 8192): 2, (8192, 2048): 
 
 @dataclass(frozen=True)
 class Setting:
-    bits: int | None  # None: the float32 MatMul
+    bits: int | None  # None: the float MatMul
     block_size: int = 0
     accuracy_level: int = 0
 
     @property
     def label(self) -> str:
-        return "fp32" if self.bits is None else f"int{self.bits} b{self.block_size} a{self.accuracy_level}"
+        return "float" if self.bits is None else f"int{self.bits} b{self.block_size} a{self.accuracy_level}"
 
 
 def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
     k, n = w.shape
+    t = TensorProto.FLOAT if w.dtype == np.float32 else TensorProto.FLOAT16
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["y"], name="proj/MatMul")], "proj",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "m", k])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "m", n])],
+        [helper.make_tensor_value_info("x", t, [1, "m", k])],
+        [helper.make_tensor_value_info("y", t, [1, "m", n])],
         [numpy_helper.from_array(w, "W")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
@@ -65,9 +66,10 @@ def _session(model: onnx.ModelProto, threads: int):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def _sessions(shape: tuple[int, int], settings: list[Setting], threads: int, seed: int) -> dict[Setting, object]:
+def _sessions(shape: tuple[int, int], settings: list[Setting], threads: int, seed: int,
+              dtype: type) -> dict[Setting, object]:
     """One session per setting for one (K, N); each (bits, block size) is quantized once."""
-    w = (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(np.float32)
+    w = (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(dtype)
     out = {}
     quantized: dict[tuple[int, int], onnx.ModelProto] = {}
     for s in settings:
@@ -120,18 +122,21 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--repeats", default=5, show_default=True, help="Interleaved repeats; figures are their medians.")
 @click.option("--budget-ms", default=30.0, show_default=True, help="Time spent per measurement.")
 @click.option("--shapes", default="", help="K:N pairs, comma-separated (default: Llama-3.2-1B's four).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+              help="Activations, float weights and scales.")
 def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_sizes: tuple[int, ...],
-         levels: tuple[int, ...], repeats: int, budget_ms: float, shapes: str) -> None:
-    """Time MatMulNBits settings against float32 MatMul on ONNX Runtime CPU (medians of interleaved repeats)."""
+         levels: tuple[int, ...], repeats: int, budget_ms: float, shapes: str, dtype: str) -> None:
+    """Time MatMulNBits settings against a float MatMul on ONNX Runtime CPU (medians of interleaved repeats)."""
     import onnxruntime as ort
 
     shape_list = (tuple(tuple(int(v) for v in p.split(":")) for p in shapes.split(",")) if shapes
                   else LLAMA_1B_SHAPES)
     settings = [Setting(None)] + [Setting(b, bs, a) for b, bs, a in itertools.product(bits_list, block_sizes, levels)]
-    click.echo(f"onnxruntime {ort.__version__}, {threads} intra-op threads, {repeats} interleaved repeats, "
+    np_dtype = np.float32 if dtype == "fp32" else np.float16
+    click.echo(f"onnxruntime {ort.__version__}, {dtype}, {threads} intra-op threads, {repeats} interleaved repeats, "
                f"{budget_ms:.0f} ms per measurement; building {len(settings) * len(shape_list)} sessions ...")
-    sessions = {shape: _sessions(shape, settings, threads, seed=i) for i, shape in enumerate(shape_list)}
-    inputs = {(shape, m): np.random.default_rng(m).standard_normal((1, m, shape[0])).astype(np.float32)
+    sessions = {shape: _sessions(shape, settings, threads, i, np_dtype) for i, shape in enumerate(shape_list)}
+    inputs = {(shape, m): np.random.default_rng(m).standard_normal((1, m, shape[0])).astype(np_dtype)
               for shape in shape_list for m in rows}
     samples: dict[tuple, list[float]] = {}
     for r in range(repeats):
@@ -152,15 +157,16 @@ def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_
 
     if set(shape_list) == set(LAYER_COUNTS) and 1 in rows:
         click.echo("\n1B decoder layer, MatMuls only (2 q/o + 2 k/v + 2 gate/up + 1 down): median ms, ratio to M=1, "
-                   "speed-up over fp32 at M=1")
-        click.echo(head + f" {'13/1':>6} {'16/1':>6} {'x fp32':>7}")
+                   "speed-up over the float MatMul at M=1 and M=13")
+        click.echo(head + f" {'13/1':>6} {'16/1':>6} {'x@1':>6} {'x@13':>6}")
         layer = {(m, s): sum(c * med[(shape, m, s)] for shape, c in LAYER_COUNTS.items())
                  for m in rows for s in settings}
-        fp32_step = layer[(1, settings[0])]
+        base = settings[0]
         for s in settings:
             ratios = " ".join(f"{layer[(m, s)] / layer[(1, s)]:6.2f}" if m in rows else f"{'-':>6}" for m in (13, 16))
             click.echo(f"{s.label:<{width}} " + " ".join(f"{layer[(m, s)]:8.3f}" for m in rows)
-                       + f" {ratios} {fp32_step / layer[(1, s)]:7.2f}")
+                       + f" {ratios} {layer[(1, base)] / layer[(1, s)]:6.2f}"
+                       + (f" {layer[(13, base)] / layer[(13, s)]:6.2f}" if 13 in rows else f" {'-':>6}"))
 
 
 if __name__ == "__main__":
