@@ -8,7 +8,9 @@ which kernel MatMulNBits takes depends on bits, block size and accuracy_level (0
 projection shapes (K=2048 -> N=2048 (q, o), 512 (k, v), 8192 (gate, up); K=8192 -> N=2048 (down)) at each row
 count M, one single-node graph per shape and setting (built with export/quantize.py), with ``intra_op_num_threads``
 threads. Every repeat visits every (shape, M, setting) once, in turn (interleaved); a visit times single calls for
-``--budget-ms`` and keeps their median, and the figures are medians of those over repeats.
+``--budget-ms`` and keeps their minimum (``--per-visit median`` for their median), and the figures are medians of
+those over repeats. The minimum is the default because on a shared machine a call that lost its cores (two spinning
+intra-op threads, one of them descheduled) costs tens of milliseconds more, and that is the machine, not the kernel.
 
 It prints one table per shape, then a 1B decoder layer's MatMul time (2 q/o + 2 k/v + 2 gate/up + 1 down) per M with
 the ratio to M=1: the verify/step ratio the MatMuls alone give. Timings are for reading, not pass/fail: run it
@@ -56,25 +58,27 @@ def _matmul_model(w: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
-def _session(model: onnx.ModelProto, threads: int):
+def _session(model: onnx.ModelProto, threads: int, spin: bool):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _sessions(shape: tuple[int, int], settings: list[Setting], threads: int, seed: int,
-              dtype: type) -> dict[Setting, object]:
+              dtype: type, spin: bool) -> dict[Setting, object]:
     """One session per setting for one (K, N); each (bits, block size) is quantized once."""
     w = (np.random.default_rng(seed).standard_normal(shape) * 0.02).astype(dtype)
     out = {}
     quantized: dict[tuple[int, int], onnx.ModelProto] = {}
     for s in settings:
         if s.bits is None:
-            out[s] = _session(_matmul_model(w), threads)
+            out[s] = _session(_matmul_model(w), threads, spin)
             continue
         key = (s.bits, s.block_size)
         if key not in quantized:
@@ -86,22 +90,22 @@ def _sessions(shape: tuple[int, int], settings: list[Setting], threads: int, see
         for a in m.graph.node[0].attribute:
             if a.name == "accuracy_level":
                 a.i = s.accuracy_level
-        out[s] = _session(m, threads)
+        out[s] = _session(m, threads, spin)
     return out
 
 
-def _time_call(sess, x: np.ndarray, budget_s: float) -> float:
-    """Seconds per call: the median of calls timed one by one for about budget_s (at least 3), after a warm-up
-    call; the median keeps a call that another process preempted from counting."""
+def _time_call(sess, x: np.ndarray, budget_s: float, stat, clock) -> float:
+    """Seconds per call: ``stat`` (min or median) of calls timed one by one with ``clock`` for about budget_s of
+    wall time (at least 3 calls), after a warm-up call."""
     feed = {"x": x}
     sess.run(None, feed)
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < budget_s:
-        t0 = time.perf_counter()
+        t0 = clock()
         sess.run(None, feed)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(clock() - t0)
+    return stat(times)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -124,8 +128,16 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--shapes", default="", help="K:N pairs, comma-separated (default: Llama-3.2-1B's four).")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
               help="Activations, float weights and scales.")
+@click.option("--per-visit", type=click.Choice(["min", "median"]), default="min", show_default=True,
+              help="What a visit keeps of its calls: min (a preempted call only adds time, so on a shared machine the "
+                   "fastest call is the kernel's cost) or median.")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="wall: elapsed time, ONNX Runtime's threads spinning (its default). cpu: the process's CPU time per "
+                   "call (all threads), spinning off so waiting threads burn none: on a loaded machine the work a "
+                   "call does, which a preemption does not inflate.")
 def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_sizes: tuple[int, ...],
-         levels: tuple[int, ...], repeats: int, budget_ms: float, shapes: str, dtype: str) -> None:
+         levels: tuple[int, ...], repeats: int, budget_ms: float, shapes: str, dtype: str, per_visit: str,
+         clock: str) -> None:
     """Time MatMulNBits settings against a float MatMul on ONNX Runtime CPU (medians of interleaved repeats)."""
     import onnxruntime as ort
 
@@ -133,9 +145,14 @@ def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_
                   else LLAMA_1B_SHAPES)
     settings = [Setting(None)] + [Setting(b, bs, a) for b, bs, a in itertools.product(bits_list, block_sizes, levels)]
     np_dtype = np.float32 if dtype == "fp32" else np.float16
-    click.echo(f"onnxruntime {ort.__version__}, {dtype}, {threads} intra-op threads, {repeats} interleaved repeats, "
-               f"{budget_ms:.0f} ms per measurement; building {len(settings) * len(shape_list)} sessions ...")
-    sessions = {shape: _sessions(shape, settings, threads, i, np_dtype) for i, shape in enumerate(shape_list)}
+    stat = min if per_visit == "min" else statistics.median
+    click.echo(f"onnxruntime {ort.__version__}, {dtype}, {threads} intra-op threads, {clock} clock, "
+               f"{repeats} interleaved repeats, "
+               f"{budget_ms:.0f} ms per visit ({per_visit} of its calls); "
+               f"building {len(settings) * len(shape_list)} sessions ...")
+    spin = clock == "wall"
+    clock_fn = time.perf_counter if clock == "wall" else time.process_time
+    sessions = {shape: _sessions(shape, settings, threads, i, np_dtype, spin) for i, shape in enumerate(shape_list)}
     inputs = {(shape, m): np.random.default_rng(m).standard_normal((1, m, shape[0])).astype(np_dtype)
               for shape in shape_list for m in rows}
     samples: dict[tuple, list[float]] = {}
@@ -143,20 +160,21 @@ def main(threads: int, rows: tuple[int, ...], bits_list: tuple[int, ...], block_
         t0 = time.perf_counter()
         for shape, m, s in itertools.product(shape_list, rows, settings):
             samples.setdefault((shape, m, s), []).append(
-                _time_call(sessions[shape][s], inputs[(shape, m)], budget_ms / 1000))
+                _time_call(sessions[shape][s], inputs[(shape, m)], budget_ms / 1000, stat, clock_fn))
         click.echo(f"repeat {r + 1}/{repeats} in {time.perf_counter() - t0:.0f} s")
     med = {key: statistics.median(v) * 1000 for key, v in samples.items()}
 
     width = max(len(s.label) for s in settings)
     head = f"{'setting':<{width}} " + " ".join(f"{'M=' + str(m):>8}" for m in rows)
     for shape in shape_list:
-        click.echo(f"\nK={shape[0]} N={shape[1]}: median ms per call")
+        click.echo(f"\nK={shape[0]} N={shape[1]}: {clock} ms per call (median over repeats of each visit's "
+                   f"{per_visit})")
         click.echo(head)
         for s in settings:
             click.echo(f"{s.label:<{width}} " + " ".join(f"{med[(shape, m, s)]:8.3f}" for m in rows))
 
     if set(shape_list) == set(LAYER_COUNTS) and 1 in rows:
-        click.echo("\n1B decoder layer, MatMuls only (2 q/o + 2 k/v + 2 gate/up + 1 down): median ms, ratio to M=1, "
+        click.echo(f"\n1B decoder layer, MatMuls only (2 q/o + 2 k/v + 2 gate/up + 1 down): {clock} ms, ratio to M=1, "
                    "speed-up over the float MatMul at M=1 and M=13")
         click.echo(head + f" {'13/1':>6} {'16/1':>6} {'x@1':>6} {'x@13':>6}")
         layer = {(m, s): sum(c * med[(shape, m, s)] for shape, c in LAYER_COUNTS.items())
