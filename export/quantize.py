@@ -21,6 +21,14 @@ MatMulNBits layout (ONNX Runtime's ContribOperators.md, checked by running ORT 1
 ``B`` uint8 ``[N, n_blocks, block_size * bits / 8]``, codes of one column along K, low nibble first for 4 bits;
 ``scales`` ``[N, n_blocks]`` in A's dtype; ``zero_points`` uint8 ``[N, ceil(n_blocks * bits / 8)]``, packed like
 ``B`` (default ``2^(bits-1)`` when absent). K that is not a multiple of ``block_size`` is padded with zero rows.
+
+Settings (measured in docs/scale.md, "Weight-only quantization: kernel choice"):
+
+- ONNX Runtime CPU: ``form="nbits"``, bits 4, block 32, ``accuracy_level=4`` (the defaults). Level 4 is the only fast
+  kernel (3.2-3.4x a float MatMul for one token at Llama-3.2-1B's shapes; levels 0/1 are slower than float); int8 is
+  slower than int4 at every row count. A float16 graph works as well (MatMulNBits takes fp16 A natively).
+- TensorRT: ``form="qdq"``, bits 4, ``symmetric=True`` (TensorRT-RTX 1.7 refuses UINT4/UINT8 weights with a zero
+  point); it builds the whole target graph so (tests/test_quantize.py).
 """
 
 from __future__ import annotations
@@ -232,16 +240,21 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 
 def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32, symmetric: bool = True,
-                     accuracy_level: int = 0, form: str = "nbits",
+                     accuracy_level: int = 4, form: str = "nbits",
                      predicate: Callable[[MatMulSite], bool] | None = skip_lm_head,
                      base_dir: str | Path | None = None) -> QuantizeReport:
     """Replace, in place, every ``MatMul(x, W)`` of the main graph whose W is a 2-D fp32/fp16 initializer and that
     ``predicate`` accepts (None: all) by its quantized form; returns what was done.
 
-    - form "nbits": ``MatMulNBits(x, B, scales[, zero_points])`` with ``accuracy_level`` (ONNX Runtime only).
+    - form "nbits": ``MatMulNBits(x, B, scales[, zero_points])`` with ``accuracy_level`` (ONNX Runtime only). The
+      default 4 is ONNX Runtime's only fast CPU kernel (0 and 1 are slower than a float MatMul: docs/scale.md,
+      "Weight-only quantization: kernel choice"); it quantizes A to int8, so it is not exact against W' (use 0 or 1
+      for a parity check).
     - form "qdq": ``MatMul(x, DequantizeLinear(q, scale[, zero_point], axis=0, block_size))``; q is INT4/INT8
       (symmetric) or UINT4/UINT8 with a zero point (asymmetric). A graph below opset 21 is converted to opset 21
-      first (onnx.version_converter), which loads every weight into memory. ``accuracy_level`` is not used.
+      first (onnx.version_converter), which loads every weight into memory. ``accuracy_level`` is not used: ONNX
+      Runtime fuses this form into MatMulNBits at its session config ``session.qdq_matmulnbits_accuracy_level``
+      (default 4). TensorRT-RTX 1.7 builds the symmetric form (INT4/INT8) and refuses UINT4/UINT8 weights.
 
     A weight shared by several MatMuls is quantized once; a weight other nodes also read keeps its float copy.
     base_dir: the folder of the .onnx file, for external-data initializers (their float data is read from there;
