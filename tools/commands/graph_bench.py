@@ -78,6 +78,40 @@ def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int
     return call
 
 
+def peer_call(model_dir: Path, threads: int, spin: bool, past: int, new: int):
+    """The same call on an onnxruntime-genai model folder (its builder's ``model.onnx``) as ORT GenAI runs it on
+    the CPU: past and present one buffer of the context length, an attention mask over past + new, logits for
+    every new row."""
+    import json
+
+    cfg = json.loads((model_dir / "genai_config.json").read_text())["model"]
+    dec = cfg["decoder"]
+    s = session(model_dir / dec["filename"], threads, spin)
+    b = s.io_binding()
+    rng = np.random.default_rng(0)
+    keep = [rng.integers(0, cfg["vocab_size"], (1, new), dtype=np.int64), np.ones((1, past + new), np.int64)]
+    b.bind_cpu_input("input_ids", keep[0])
+    b.bind_cpu_input("attention_mask", keep[1])
+    logits = np.zeros((1, new, cfg["vocab_size"]), np.float32)
+    keep.append(logits)
+    b.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+    shape = (1, dec["num_key_value_heads"], cfg["context_length"], dec["head_size"])
+    for i in range(dec["num_hidden_layers"]):
+        for kind in ("key", "value"):
+            buf = rng.standard_normal(shape).astype(np.float32)
+            keep.append(buf)
+            b.bind_cpu_input(f"past_key_values.{i}.{kind}", buf)
+            b.bind_output(f"present.{i}.{kind}", "cpu", 0, np.float32, list(shape), buf.ctypes.data)
+
+    def call() -> float:
+        t0 = time.perf_counter()
+        s.run_with_iobinding(b)
+        return time.perf_counter() - t0
+
+    call._keep = keep
+    return call
+
+
 @click.command()
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--past", default=300, show_default=True, help="Cached rows before the call.")
@@ -86,11 +120,18 @@ def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int
 @click.option("--spin/--no-spin", default=True, show_default=True, help="ONNX Runtime's intra-op thread spinning.")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved rounds; each times --calls calls.")
 @click.option("--calls", default=50, show_default=True)
-def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats: int, calls: int) -> None:
+@click.option("--peer", "peers", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An onnxruntime-genai model folder of the same target (bench --peer builds them under "
+                   "ARTIFACT/peers): timed the same way beside ours. Repeatable.")
+def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats: int, calls: int,
+         peers: tuple[Path, ...]) -> None:
     m = load_manifest(artifact)
     graphs = [g for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH) if g in m.graphs]
     sizes = [int(x) for x in news.split(",")]
     callers = {(g, n): target_call(artifact, g, threads, spin, past, n) for g in graphs for n in sizes}
+    for p in peers:
+        graphs.append(p.name)
+        callers.update({(p.name, n): peer_call(p, threads, spin, past, n) for n in sizes})
     times: dict[tuple, list[float]] = {k: [] for k in callers}
     for c in callers.values():
         for _ in range(3):
@@ -100,9 +141,10 @@ def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats
             times[k].append(statistics.median(c() for _ in range(calls)))
     print(f"{artifact}: target call, {past} cached rows, {threads} threads, spin {'on' if spin else 'off'}, "
           f"median ms of {repeats} interleaved rounds x {calls} calls")
-    print(f"{'new tokens':>10} " + " ".join(f"{g:>22}" for g in graphs))
+    width = max(22, *(len(g) + 1 for g in graphs))
+    print(f"{'new tokens':>10} " + " ".join(f"{g:>{width}}" for g in graphs))
     for n in sizes:
-        print(f"{n:>10} " + " ".join(f"{statistics.median(times[g, n]) * 1e3:>22.3f}" for g in graphs))
+        print(f"{n:>10} " + " ".join(f"{statistics.median(times[g, n]) * 1e3:>{width}.3f}" for g in graphs))
 
 
 if __name__ == "__main__":
