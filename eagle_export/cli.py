@@ -316,6 +316,9 @@ _PROMPTS_FILE = click.option(
                    "from, manifest target.source].")
 @click.option("--peer-cache", type=click.Path(path_type=Path), default=None,
               help="Where built peer models are kept and reused [default: ARTIFACT/peers].")
+@click.option("--spin", type=click.Choice(["off", "run", "on"]), default=None,
+              help="ONNX Runtime's intra-op thread spinning for our sessions: off, run (spin during a call, stop as "
+                   "it returns), on [default: run; docs/runtime.md, Threading].")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")
@@ -323,7 +326,7 @@ _PROMPTS_FILE = click.option(
               help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
 def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
               plot_file, concurrency, requests, repeats, stop_at_eos, peer, peer_precision, peer_target, peer_cache,
-              url, api_key) -> None:
+              spin, url, api_key) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
     docs/bench.md)."""
     from .prompts import read_prompts
@@ -377,7 +380,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
     if requests is not None:
         raise EagleExportError("--requests goes with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
-                   total_tokens=total_tokens, backend=backend, threads=threads, stop_at_eos=stop_at_eos,
+                   total_tokens=total_tokens, backend=backend, threads=threads, stop_at_eos=stop_at_eos, spin=spin,
                    repeats=repeats, peer=peer, peer_precision=peer_precision, peer_target=peer_target,
                    peer_cache=peer_cache, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())

@@ -383,11 +383,12 @@ class PairedSession:
     """
 
     def __init__(self, artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None,
-                 backend: str = "ort", threads: int | None = None):
+                 backend: str = "ort", threads: int | None = None, spin: str | None = None):
         self.artifact = artifact
         self._prompts = prompts
         self.backend = backend
         self.threads = threads
+        self.spin = spin  # ONNX Runtime's spin policy (None: the runtime's default)
 
     def __enter__(self) -> PairedSession:
         import torch
@@ -399,7 +400,7 @@ class PairedSession:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            self.rt = EagleRuntime.open(self.artifact, backend=self.backend, threads=self.threads)
+            self.rt = EagleRuntime.open(self.artifact, backend=self.backend, threads=self.threads, spin=self.spin)
             if specs is None:
                 specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
             self.specs: list[PromptSpec] = specs
@@ -544,17 +545,18 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
           total_tokens: int | None = None, backend: str = "ort", threads: int | None = None,
           warmup: bool = True, stop_at_eos: bool = False, repeats: int | None = None, peer: str | None = None,
           peer_precision: str | None = None, peer_target: str | Path | None = None,
-          peer_cache: str | Path | None = None, log=None) -> BenchReport:
+          peer_cache: str | Path | None = None, spin: str | None = None, log=None) -> BenchReport:
     """Run the bench on ARTIFACT; see the module docstring. tree: full tree settings, or top_k/depth/total_tokens
     overriding the artifact's defaults one by one. repeats: passes over the prompts (default 3 with a peer, else 1).
     peer: "ort-genai" (peer_precision fp32|int4, default the artifact's; peer_target: the Hugging Face folder to
     build it from, default the artifact's target source; peer_cache: where built models are kept, default
-    ARTIFACT/peers). log: optional callable for progress lines."""
+    ARTIFACT/peers). spin: ONNX Runtime's spin policy for our sessions ("off", "run", "on"; None: the runtime's
+    default). log: optional callable for progress lines."""
     if repeats is None:
         repeats = 3 if peer is not None else 1
     check_run_settings(max_new_tokens, threads, repeats)
     say = log or (lambda msg: None)
-    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=spin) as s:
         if tree is None:
             d = s.manifest.tree_defaults
             tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
