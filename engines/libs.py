@@ -33,7 +33,8 @@ SUPPORTED_MAJORS = {"tensorrt": (10, 11), "tensorrt_rtx": (1,)}
 #: module -> how to install it.
 PIP_HINTS = {
     "tensorrt": "pip install tensorrt (10.x or 11.x; NVIDIA's wheels need a CUDA machine to build engines)",
-    "tensorrt_rtx": "pip install tensorrt-rtx-cu12==1.7.1.116 (builds engines without a GPU)",
+    "tensorrt_rtx": "pip install 'eagle-export[engines]' (tensorrt-rtx-cu12==1.7.1.116, builds engines without a "
+                    "GPU)",
 }
 AUTO_ORDER = ("tensorrt", "tensorrt_rtx")
 #: module -> (what it runs on, in words; whether it runs on a compute capability).

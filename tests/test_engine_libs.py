@@ -52,7 +52,8 @@ def test_neither_installed(monkeypatch):
         load_lib("auto")
     msg = str(info.value)
     assert "no TensorRT Python module is usable" in msg
-    assert "pip install tensorrt-rtx-cu12==1.7.1.116" in msg and "pip install tensorrt " in msg
+    assert "pip install 'eagle-export[engines]'" in msg and "tensorrt-rtx-cu12==1.7.1.116" in msg
+    assert "pip install tensorrt " in msg
 
 
 def test_unknown_choice():
