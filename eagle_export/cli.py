@@ -16,7 +16,7 @@ import click
 
 from .errors import EagleExportError
 from .extras import HTTP_CLIENT, RAY, SERVE, require
-from .progress import end_open_bars
+from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
 from .tree_params import TreeLimits, TreeParams
 
@@ -38,7 +38,7 @@ class _Group(click.Group):
 @click.version_option(package_name="eagle-export")
 def main() -> None:
     """Export EAGLE speculative decoding to ONNX, build TensorRT engines, and run it."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    setup_logging(logging.WARNING)
 
 
 @main.command("export")
