@@ -55,7 +55,7 @@ def main() -> None:
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
 @click.option("--max-seq-len", type=int, default=None,
               help="Cache capacity: prompt plus generated tokens [default: min(2048, the target's "
-                   "max_position_embeddings)].")
+                   "max_position_embeddings, the head's max_position_embeddings - --max-depth)].")
 @click.option("--max-top-k", type=int, default=_DEF_LIMITS.max_top_k, show_default=True,
               help="Top-k width computed inside the draft graph (upper bound for --top-k).")
 @click.option("--max-depth", type=int, default=_DEF_LIMITS.max_depth, show_default=True,
