@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import signal
 import sys
 from pathlib import Path
 
@@ -491,10 +490,6 @@ def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_
     if use_ray:
         from .serve.run import serve_ray
 
-        # SIGTERM (docker stop, systemd, kill) ends the process through Python's exit path, like Ctrl-C: serve_ray
-        # shuts Ray Serve down and Ray's exit hook stops the local instance it started (raylet, GCS and their
-        # agents), instead of the default action, which kills this process alone and leaves those running.
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         serve_ray(opts, replicas, host, port, replica_cpus)
     else:
         from .serve.run import serve_uvicorn
