@@ -252,7 +252,7 @@ def test_random_seed_is_shown_without_json(plain):
 def test_help_explains_the_tree_limits_and_serve_defaults():
     export = cli("export", "--help").output
     for opt in ("--max-depth", "--max-total-tokens"):
-        line = " ".join(export.split(opt, 1)[1].split("\n  --", 1)[0].split())
+        line = " ".join(export.split(f"\n  {opt} ", 1)[1].split("\n  --", 1)[0].split())
         assert "upper bound for" in line, (opt, line)
     serve = " ".join(cli("serve", "--help").output.split())
     assert "16 tokens" in serve and "temperature 1" in serve and "64 tokens, greedy" in serve
