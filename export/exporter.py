@@ -25,7 +25,14 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 from .embedding_table import locate_target_embedding, write_own_table
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
-from .out_dir import OutputLock, check_replaceable, make_partial, publish, remove_stale_partials
+from .out_dir import (
+    OutputLock,
+    check_replaceable,
+    make_partial,
+    parent_folders,
+    publish,
+    remove_stale_partials,
+)
 from .weights import (
     MemoryTensor,
     Source,
@@ -218,9 +225,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
         raise EagleExportError(f"--max-batch must be an integer >= 1, got {options.max_batch!r}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     # One export per --out at a time (a second one fails at once); what dead exports left beside it goes.
-    with OutputLock(out_dir):
+    with parent_folders(out_dir), OutputLock(out_dir):
         remove_stale_partials(out_dir)
         return _export_locked(target_dir, draft_dir, out_dir, options, progress, t_start)
 

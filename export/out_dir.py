@@ -23,6 +23,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from eagle_export.errors import EagleExportError
@@ -43,6 +45,27 @@ def partial_prefix(out: Path) -> str:
 def _partial_pattern(out: Path) -> re.Pattern:
     # ours: .NAME.partial-PID-XXXXXXXX[-old]; eagle-export before the lock: .NAME.partial-XXXXXXXX (mkdtemp's suffix)
     return re.compile(rf"^\.{re.escape(out.name)}\.partial-(\d+-)?[a-z0-9_]{{8}}(-old)?$")
+
+
+@contextmanager
+def parent_folders(out: Path) -> Iterator[None]:
+    """Create ``out``'s missing parent folders (the lock file lives there); a failed export removes them again,
+    deepest first, as long as they are empty."""
+    missing = []
+    p = out.parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for d in missing:
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
 
 
 class OutputLock:
