@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
-from .progress import end_open_bars
+from .extras import HTTP_CLIENT, RAY, SERVE, require
+from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
 from .tree_params import TreeLimits, TreeParams
 
@@ -36,7 +37,7 @@ class _Group(click.Group):
 @click.version_option(package_name="eagle-export")
 def main() -> None:
     """Export EAGLE speculative decoding to ONNX, build TensorRT engines, and run it."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    setup_logging(logging.WARNING)
 
 
 @main.command("export")
@@ -53,11 +54,14 @@ def main() -> None:
               help="Graph float dtype (bf16 runs on --backend tensorrt only).")
 @click.option("--max-seq-len", type=int, default=None,
               help="Cache capacity: prompt plus generated tokens [default: min(2048, the target's "
-                   "max_position_embeddings)].")
+                   "max_position_embeddings, the head's max_position_embeddings - --max-depth)].")
 @click.option("--max-top-k", type=int, default=_DEF_LIMITS.max_top_k, show_default=True,
               help="Top-k width computed inside the draft graph (upper bound for --top-k).")
-@click.option("--max-depth", type=int, default=_DEF_LIMITS.max_depth, show_default=True)
-@click.option("--max-total-tokens", type=int, default=_DEF_LIMITS.max_total_tokens, show_default=True)
+@click.option("--max-depth", type=int, default=_DEF_LIMITS.max_depth, show_default=True,
+              help="Deepest draft tree the graphs allow (upper bound for --depth; sizes the draft's scratch rows).")
+@click.option("--max-total-tokens", type=int, default=_DEF_LIMITS.max_total_tokens, show_default=True,
+              help="Most draft nodes verified per round (upper bound for --total-tokens; the verify graph takes "
+                   "this + 1 tokens).")
 @click.option("--top-k", type=int, default=_DEF_TREE.top_k, show_default=True, help="Default tree top_k.")
 @click.option("--depth", type=int, default=_DEF_TREE.depth, show_default=True, help="Default tree depth.")
 @click.option("--total-tokens", type=int, default=_DEF_TREE.total_tokens, show_default=True,
@@ -144,7 +148,8 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @click.option("--top-k-sampling", type=int, default=0, show_default=True,
               help="Sample among the k most likely tokens only (0 = off). Not the tree's --top-k.")
 @click.option("--seed", type=int, default=None,
-              help="Random seed of the generation (default: a random one, reported in the --json output).")
+              help="Random seed of the generation (default: a random one, reported in the stats line and the --json "
+                   "output).")
 @click.option("--samples", type=int, default=None,
               help="Run N independent generations with seeds seed..seed+N-1: one line each (the text as a JSON "
                    "string, or the ids); with --json one object holding a list `samples`.")
@@ -202,7 +207,8 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
         click.echo(json.dumps(out))
     else:
         s = res.stats
-        click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, rounds={s.rounds}, tau={s.tau:.2f}, "
+        seed = "" if sampling is None else f"seed={sampling.seed}, "  # to repeat a sampled run: --seed
+        click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, {seed}rounds={s.rounds}, tau={s.tau:.2f}, "
                    f"opened in {rt.open_s or 0.0:.1f} s, prefill {s.prefill_s * 1e3:.1f} ms, "
                    f"{len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} tok/s overall]", err=True)
 
@@ -227,7 +233,8 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
         from eagle_export.runtime.generator import tau
 
         overall = tau([a for _, r in results for a in r.stats.accept_lengths])
-        click.echo(f"[{n} samples, {tokens} tokens, tau={overall:.2f}]", err=True)
+        seeds = "" if sampling is None else f", seeds {sampling.seed}..{sampling.seed + n - 1}"
+        click.echo(f"[{n} samples, {tokens} tokens{seeds}, tau={overall:.2f}]", err=True)
 
 
 @main.command("validate")
@@ -345,6 +352,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
     if (peer is not None or stop_at_eos) and (url is not None or concurrency is not None):
         raise EagleExportError("--peer and --stop-at-eos are not available with --url or --concurrency")
     if url is not None:
+        require("serve", *HTTP_CLIENT, command="`eagle-export bench --url`")
         from .tools.commands.bench_http import bench_http
 
         if plot_file is not None or repeats not in (None, 1):
@@ -502,12 +510,17 @@ def gpu_check_cmd(ctx) -> None:
 def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_tokens, max_body_bytes, api_key,
               model_name, backend, threads, drain_timeout_s, header_timeout_s, body_timeout_s, replica_header,
               use_ray, replicas, replica_cpus) -> None:
-    """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md)."""
+    """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md).
+
+    \b
+    Requests take OpenAI's defaults, not `generate`'s: without "max_tokens" a completion gets 16 tokens (chat:
+    up to the capacity), without "temperature" it samples at temperature 1 (generate: 64 tokens, greedy).
+    Send "temperature": 0 for greedy output.
+    """
     from .manifest import load_manifest
-    from .serve.extras import RAY, SERVE, require
 
     if use_ray:
-        require("ray", *RAY)
+        require("ray", *RAY, command="`eagle-export serve --ray`")
     require("serve", *SERVE)
     from .serve.engine import ServeOptions
 

@@ -4,11 +4,13 @@ Redrawn bars are for terminals: written to a pipe, a CI log or ``2>file`` they l
 and a message printed while one is open lands in the middle of its line. So every bar is made here:
 ``progress_bar`` gives a tqdm bar when stderr is a terminal, a ``StepLines`` (one complete line per
 ``update``) when it is not, and a disabled bar with ``--quiet``. ``end_open_bars`` closes what is still open,
-so an error printed next starts on its own line.
+so an error printed next starts on its own line. ``setup_logging`` routes log messages through ``tqdm.write``, so
+a warning printed while a bar is open gets a line of its own and the bar is redrawn below it.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import weakref
 
@@ -63,3 +65,26 @@ def end_open_bars() -> None:
     for bar in list(_open):
         _open.discard(bar)
         bar.close()
+
+
+class BarSafeHandler(logging.Handler):
+    """Log records to the stderr of the moment, through ``tqdm.write``: on a terminal it clears an open bar's line,
+    prints the message on its own line and redraws the bar (elsewhere there is no bar and it is a plain write)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's own contract: report, never raise
+            self.handleError(record)
+
+
+def setup_logging(level: int = logging.WARNING) -> None:
+    """The CLI's logging: ``LEVEL: message`` lines on stderr that never land inside a progress bar's line (unless
+    the application configured logging already)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = BarSafeHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -44,9 +44,9 @@ EXTRAS = {"tensorrt": ("tensorrt", "tensorrt"), "tensorrt-cu12": ("tensorrt-cu12
           "tensorrt-rtx": ("tensorrt-rtx-cu12", "tensorrt_rtx")}
 #: module -> how to install it.
 PIP_HINTS = {
-    "tensorrt": 'pip install "eagle-export[tensorrt]" (CUDA 13 driver; "eagle-export[tensorrt-cu12]" for a CUDA 12 '
+    "tensorrt": "pip install 'eagle-export[tensorrt]' (CUDA 13 driver; 'eagle-export[tensorrt-cu12]' for a CUDA 12 "
                 "driver): TensorRT " + SUPPORTED["tensorrt"] + ", needs a CUDA GPU to build engines",
-    "tensorrt_rtx": 'pip install "eagle-export[tensorrt-rtx]" (TensorRT for RTX, builds engines without a GPU)',
+    "tensorrt_rtx": "pip install 'eagle-export[tensorrt-rtx]' (TensorRT for RTX, builds engines without a GPU)",
 }
 #: What a CUDA build of ONNX Runtime needs: the CPU wheel out first (both ship the module ``onnxruntime``, so
 #: installing one over the other leaves a mix of their files), then the GPU wheel with NVIDIA's CUDA libraries.

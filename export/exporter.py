@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -27,6 +26,14 @@ from .embedding_table import locate_target_embedding, write_own_table
 from .fused import FusedTargetVerify, pack_qkv, rope_cache
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
+from .out_dir import (
+    OutputLock,
+    check_replaceable,
+    make_partial,
+    parent_folders,
+    publish,
+    remove_stale_partials,
+)
 from .shared_data import share_weights
 from .weights import (
     MemoryTensor,
@@ -178,6 +185,20 @@ def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | N
     )
 
 
+def default_max_seq_len(target_default: int, head_positions: int | None, max_depth: int) -> int:
+    """The capacity without --max-seq-len: ``target_default`` (min(2048, the target's max_position_embeddings)),
+    lowered so that the draft's positions (up to capacity + max_depth) stay inside the head's trained range, as
+    the draft position warning advises; kept when the head's range is unknown or too small to lower to."""
+    if head_positions is None or head_positions - max_depth < 2:
+        return target_default
+    seq = min(target_default, head_positions - max_depth)
+    if seq < target_default:
+        log.info("capacity %d (the head's max_position_embeddings %d minus --max-depth %d): every draft position "
+                 "stays in the head's trained range; pass --max-seq-len to choose another", seq, head_positions,
+                 max_depth)
+    return seq
+
+
 def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
                     options: ExportOptions | None = None, progress: bool = True) -> Path:
     """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
@@ -218,15 +239,18 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
         raise EagleExportError(f"--max-batch must be an integer >= 1, got {options.max_batch!r}")
-    if out_dir.exists():
+    # One export per --out at a time (a second one fails at once); what dead exports left beside it goes.
+    with parent_folders(out_dir), OutputLock(out_dir):
+        remove_stale_partials(out_dir)
+        return _export_locked(target_dir, draft_dir, out_dir, options, progress, t_start)
+
+
+def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions, progress: bool,
+                   t_start: float) -> ExportReport:
+    if os.path.lexists(out_dir):
         if not options.overwrite:
             raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")
-        if not out_dir.is_dir():
-            raise EagleExportError(f"{out_dir} exists and is not a directory: refusing to replace it")
-        if any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
-            raise EagleExportError(
-                f"{out_dir} is a non-empty directory that is not an eagle-export artifact: refusing to replace it"
-            )
+        check_replaceable(out_dir)
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
     steps = progress_bar(6, "export", "step", progress)
@@ -252,6 +276,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     steps.set_postfix_str("loading draft")
     draft = load_draft_head(draft_dir, target, options.feature_layers)
     head, dcfg = draft.head, draft.config
+    if options.max_seq_len is None:
+        seq = default_max_seq_len(seq, dcfg.max_position_embeddings, options.limits.max_depth)
     if options.limits.max_top_k > draft.vocab_size:
         raise CheckpointError(
             f"--max-top-k {options.limits.max_top_k} exceeds the draft vocabulary of {draft.vocab_size} tokens"
@@ -305,9 +331,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
             dinfo.max_position_embeddings, seq, draft_positions, dinfo.max_position_embeddings,
         )
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    tmp.chmod(0o755)
+    tmp = make_partial(out_dir)
     wbar = None
     try:
         if lean:
@@ -364,9 +388,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
         )
         # The manifest is written last: a directory without one is never mistaken for a finished export.
         manifest.write(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        publish(tmp, out_dir, options.overwrite)
         steps.update()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

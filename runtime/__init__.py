@@ -4,6 +4,7 @@ from .api import EagleRuntime, GenerationStream
 from .generator import GenerationResult, GenerationStats
 from .sampling import SamplingParams
 from .scheduler import RequestStream
+from .stream_text import StreamChunk
 
 __all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "RequestStream",
-           "SamplingParams"]
+           "SamplingParams", "StreamChunk"]

@@ -1,25 +1,26 @@
-"""The embedding API: open an artifact directory once, generate many times, stream committed tokens.
+"""The embedding API: open an artifact directory once, generate many times, stream committed tokens and text.
 
     from eagle_export.runtime import EagleRuntime
-    rt = EagleRuntime.open("artifacts/tiny")
-    print(rt.generate("Hello", max_new_tokens=32).text)
-    rt.generate(messages=[{"role": "user", "content": "Hello"}])   # through the tokenizer's chat template
-    stream = rt.stream(prompt_ids=[1, 2, 3], max_new_tokens=32)
-    for tokens in stream:          # lists of token ids, as each round commits them
-        ...
-    print(stream.result.stats.tau)
+    with EagleRuntime.open("demo/eagle1") as rt:          # closed (buffers and graphs released) at the end
+        print(rt.generate("def f():", max_new_tokens=32).text)
+        stream = rt.stream(prompt_ids=[1, 2, 3], max_new_tokens=32)
+        for chunk in stream.chunks():                      # StreamChunk(tokens, text) as each round commits
+            print(chunk.text, end="")
+        print(stream.result.stats.tau)                     # result: None until the stream ends
 
-One runtime object owns one set of preallocated buffers, so generations on it run one at a
-time: concurrent calls from several threads are serialised by a lock (open one runtime per
-thread to run them in parallel).
+One runtime object owns one set of preallocated buffers, so generations on it run one at a time: concurrent calls
+from several threads are serialised by a lock (open one runtime per thread to run them in parallel).
 
 Opened with ``max_batch=B`` (B > 1, at most the artifact's ``export --max-batch``), one runtime serves up to B
 sequences at once on one set of weights: ``submit(...)`` (thread-safe) returns a ``RequestStream`` per request,
 one scheduler thread runs batched rounds (runtime/generator.py), and ``stream``/``generate`` go through it too.
+A ``RequestStream`` can also be consumed with ``async for`` (see scheduler.py).
 
-    rt = EagleRuntime.open("artifacts/tiny", max_batch=4)
+    rt = EagleRuntime.open("demo/eagle1", max_batch=4)
     streams = [rt.submit(prompt_ids=p, max_new_tokens=32) for p in prompts]
     results = [s.wait() for s in streams]
+
+docs/runtime.md ("Python API") has a complete example for each use.
 """
 
 from __future__ import annotations
@@ -27,19 +28,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from eagle_export.errors import GenerationError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.tree_params import TreeParams
 
+from . import stream_text
 from .backend import Backend
 from .chat import chat_prompt_ids
 from .embedding import TokenEmbedding
 from .generator import GenerationResult, Generator
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
+from .stream_text import StreamChunk
 
 log = logging.getLogger(__name__)
 BACKENDS = ("ort", "tensorrt")
@@ -83,12 +87,22 @@ class _OwnedLock:
 
 
 class GenerationStream:
-    """Iterate once to receive token lists as they are committed; ``result`` is set when iteration ends."""
+    """One generation, consumed once: ``for tokens in stream`` gives the token ids each round commits,
+    ``for chunk in stream.chunks()`` gives ``StreamChunk(tokens, text)`` (the text those tokens add, a character
+    split across tokens held back until it completes; text None without a tokenizer).
+
+    ``result`` is None until the iteration ends, then the ``GenerationResult`` (tokens, text, finish reason,
+    stats). The generation runs in the iterating thread, holding the runtime's lock until the iteration ends."""
 
     def __init__(self, runtime: EagleRuntime, gen, lock: _OwnedLock):
         self._rt, self._gen, self._lock = runtime, gen, lock
         self._started = False
+        #: None until the iteration ends, then the GenerationResult.
         self.result: GenerationResult | None = None
+
+    def chunks(self) -> Iterator[StreamChunk]:
+        """Iterate once: each round's ``StreamChunk(tokens, text)``."""
+        return stream_text.chunks(self, self._rt._decode)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self._started:
@@ -103,7 +117,7 @@ class GenerationStream:
                     yield next(self._gen)
             except StopIteration as stop:
                 self.result = stop.value
-                self.result.text = self._rt.decode(self.result.tokens)
+                self.result.text = self._rt._decode(self.result.tokens)
             finally:
                 self._gen.close()
 
@@ -123,7 +137,19 @@ class EagleRuntime:
         self.generator = Generator(manifest, backend, TokenEmbedding.open(directory, manifest), prefill_chunk,
                                    slots=max_batch)
         self._lock = _OwnedLock()
+        self._closed = False
         self.open_s: float | None = None  # set by open(): seconds it took
+
+    def __enter__(self) -> EagleRuntime:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GenerationError(f"this EagleRuntime ({self.directory}) is closed: open a new one with "
+                                  "EagleRuntime.open(...)")
 
     @property
     def scheduler(self) -> Scheduler:
@@ -132,6 +158,7 @@ class EagleRuntime:
 
     def _batched(self) -> Scheduler:
         """The scheduler of this runtime's generator, made on first use (its thread starts at the first submit)."""
+        self._check_open()
         with self._sched_lock:
             if self._scheduler is None:
                 self._scheduler = Scheduler(self.generator, self._lock if self.max_batch == 1 else None)
@@ -182,6 +209,8 @@ class EagleRuntime:
 
     # ---- text <-> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
+        """Prompt ids of ``text`` (with the tokenizer's special tokens, as ``generate(prompt)`` encodes it)."""
+        self._check_open()
         if self.tokenizer is None:
             raise GenerationError(
                 f"{self.directory} has no tokenizer (the target had none at export): pass token ids instead"
@@ -193,24 +222,31 @@ class EagleRuntime:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Prompt ids of a conversation under the tokenizer's chat template, ending with the generation prompt."""
+        self._check_open()
         return chat_prompt_ids(self.tokenizer, messages, str(self.directory))
 
     def decode(self, tokens: list[int]) -> str | None:
+        """Text of ``tokens`` (special tokens skipped), or None when the artifact has no tokenizer."""
+        self._check_open()
+        return self._decode(tokens)
+
+    def _decode(self, tokens: list[int]) -> str | None:  # streams finishing after close() still decode
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     # ---- generation --------------------------------------------------------------------------
-    def stream(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
-               messages: list[dict] | None = None, max_new_tokens: int = 64,
+    def stream(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
+               messages: list[dict[str, Any]] | None = None, max_new_tokens: int = 64,
                tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
-               sampling: SamplingParams | None = None, on_round=None) -> GenerationStream:
-        """The prompt is one of: ``prompt`` (text, encoded with the tokenizer's special tokens), ``prompt_ids``,
-        or ``messages`` (a list of ``{"role", "content"}``, through the tokenizer's chat template with the
-        generation prompt appended).
-        sampling: None (or temperature 0) = greedy; otherwise sample with these settings, from a
-        random source of this request's own, seeded with ``sampling.seed``.
-        on_round: optional per-round trace hook (see ``Generator.run``)."""
+               sampling: SamplingParams | None = None,
+               on_round: Callable[[Any, Any], None] | None = None) -> GenerationStream | RequestStream:
+        """Start one generation and return its stream (see ``generate`` for the arguments); iterate it once.
+
+        With ``max_batch`` 1 the generation runs in the iterating thread (a ``GenerationStream``); with more, it is
+        ``submit``'s ``RequestStream``. Both give token lists when iterated, ``StreamChunk``s from ``chunks()``, and
+        ``result`` once they end."""
+        self._check_open()
         if self.max_batch > 1:
             if on_round is not None:
                 raise GenerationError("on_round traces a single sequence: open the runtime with max_batch=1")
@@ -231,29 +267,66 @@ class EagleRuntime:
             return self.encode_chat(messages)
         return self.encode(prompt) if prompt is not None else prompt_ids
 
-    def submit(self, prompt: str | None = None, *, prompt_ids: list[int] | None = None,
-               messages: list[dict] | None = None, max_new_tokens: int = 64, tree: TreeParams | None = None,
+    def submit(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
+               messages: list[dict[str, Any]] | None = None, max_new_tokens: int = 64, tree: TreeParams | None = None,
                use_draft: bool = True, stop_on_eos: bool = True,
                sampling: SamplingParams | None = None) -> RequestStream:
         """Queue one generation for the batched scheduler (thread-safe) and return its stream at once.
 
-        Arguments as ``stream``. The request joins the running batch at the next round boundary, when a slot is
-        free. Its errors (a bad prompt, bad settings) fail this stream alone: they are raised when it is iterated
-        or waited on. With max_batch 1 the scheduler serves one sequence at a time."""
+        Arguments as ``generate`` (no ``on_round``). The request joins the running batch at the next round
+        boundary, when a slot is free. Its errors (a bad prompt, bad settings) fail this stream alone: they are
+        raised when it is iterated or waited on. With max_batch 1 the scheduler serves one sequence at a time.
+        Consume the stream with ``for``, ``chunks()``, ``wait()``, or in asyncio with ``async for``, ``achunks()``,
+        ``await stream.aresult()``."""
         def make():
             ids = self._resolve_prompt(prompt, prompt_ids, messages)
             return sched.gen.check(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling)
 
         sched = self._batched()
-        return sched.submit(make, RequestStream(self.decode))
+        return sched.submit(make, RequestStream(self._decode))
 
     def close(self) -> None:
-        """Stop the scheduler thread (after the requests already submitted); a no-op without one."""
-        if self._scheduler is not None:
-            self._scheduler.close()
+        """Finish the requests already submitted, stop the scheduler thread and release the graphs and buffers.
+        Every later call on this runtime raises a GenerationError saying it is closed; closing twice is a no-op.
+        ``with EagleRuntime.open(...) as rt:`` closes it at the end of the block."""
+        if self._closed:
+            return
+        with self._sched_lock:
+            sched = self._scheduler
+        if sched is not None:
+            sched.close()
+        self._closed = True
+        self._scheduler = None
+        self.generator = None  # the buffers and graph sessions go with the last reference (a stream may hold one)
+        self.backend = None
 
-    def generate(self, prompt: str | None = None, **kwargs) -> GenerationResult:
-        stream = self.stream(prompt, **kwargs)
+    def generate(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
+                 messages: list[dict[str, Any]] | None = None, max_new_tokens: int = 64,
+                 tree: TreeParams | None = None, use_draft: bool = True, stop_on_eos: bool = True,
+                 sampling: SamplingParams | None = None,
+                 on_round: Callable[[Any, Any], None] | None = None) -> GenerationResult:
+        """Generate from one prompt and return the ``GenerationResult`` (``tokens``, ``text``, ``finish_reason``,
+        ``prompt_len``, ``stats`` with ``tau``).
+
+        The prompt is exactly one of:
+          prompt: text, encoded with the tokenizer's special tokens (needs the artifact's tokenizer);
+          prompt_ids: token ids;
+          messages: a conversation ``[{"role": "user", "content": "..."}, ...]``, rendered with the tokenizer's
+            chat template with the generation prompt appended (needs a tokenizer that has one).
+        max_new_tokens: most tokens to generate (the artifact's capacity may end it sooner: finish "capacity").
+        tree: the draft tree (``TreeParams(top_k, depth, total_tokens)``); None: the artifact's ``tree_defaults``.
+        use_draft: False for plain autoregressive decoding on the same target graph.
+        stop_on_eos: False to keep generating past end-of-sequence tokens.
+        sampling: None (or temperature 0) for greedy; else ``SamplingParams(temperature, top_p, top_k, seed)``,
+          sampled from a random source of this request's own (same seed, same tokens).
+        on_round: called as ``on_round(verify_tree, accepted)`` after every round, for tracing (max_batch 1 only).
+
+        Errors in what you pass are a GenerationError (an EagleExportError) with a one-line message."""
+        stream = self.stream(prompt, prompt_ids=prompt_ids, messages=messages, max_new_tokens=max_new_tokens,
+                             tree=tree, use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sampling,
+                             on_round=on_round)
+        if isinstance(stream, RequestStream):
+            return stream.wait()
         for _ in stream:
             pass
         assert stream.result is not None

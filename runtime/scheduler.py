@@ -8,25 +8,36 @@ failed graph call fails the requests that were in it, and the scheduler goes on 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from eagle_export.errors import GenerationError
 
+from . import stream_text
 from .generator import GenerationResult, Generator
 from .slots import Request
+from .stream_text import StreamChunk
 
 log = logging.getLogger(__name__)
 _END = object()
 
 
 class RequestStream:
-    """One request's output: iterate once for token lists as rounds commit them; ``result`` when it ends.
+    """One request's output, consumed once, in one of these ways:
 
+    - ``for tokens in stream``: the token ids each round commits (lists of ints);
+    - ``for chunk in stream.chunks()``: ``StreamChunk(tokens, text)``, the text those tokens add (a character split
+      across tokens held back until it completes);
+    - ``async for tokens in stream`` / ``async for chunk in stream.achunks()`` / ``await stream.aresult()``: the same
+      in asyncio, without a thread (the scheduler thread hands each round to the event loop);
+    - ``stream.wait()``: block until it ends and return the result.
+
+    ``result`` is None until the request ends, then its ``GenerationResult`` (tokens, text, finish reason, stats).
     An error of this request is raised from the iteration (or from ``wait``), in the consumer's thread.
     """
 
@@ -34,6 +45,9 @@ class RequestStream:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._decode = decode
         self._started = False
+        self._put_lock = threading.Lock()
+        self._loop_queue: tuple[asyncio.AbstractEventLoop, asyncio.Queue] | None = None  # set by async iteration
+        #: None until the request ends, then its GenerationResult (the text decoded when there is a tokenizer).
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -48,26 +62,79 @@ class RequestStream:
 
     # called from the scheduler thread
     def push(self, tokens: list[int]) -> None:
-        self._q.put(tokens)
+        self._put(tokens)
 
     def finish(self, result: GenerationResult) -> None:
         if self._decode is not None:
             result.text = self._decode(result.tokens)
         self.result = result
         self.done.set()
-        self._q.put(_END)
+        self._put(_END)
 
     def fail(self, exc: BaseException) -> None:
         self.error = exc
         self.done.set()
-        self._q.put(_END)
+        self._put(_END)
+
+    def _put(self, item) -> None:
+        with self._put_lock:
+            target = self._loop_queue
+            if target is None:
+                self._q.put(item)
+                return
+        loop, aq = target
+        try:
+            loop.call_soon_threadsafe(aq.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed: nobody is listening
+            pass
 
     # called by the consumer
-    def __iter__(self) -> Iterator[list[int]]:
+    def _start(self) -> None:
         if self._started:
             raise GenerationError("a RequestStream can be iterated only once")
         self._started = True
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._start()
         return self._iterate()
+
+    def chunks(self) -> Iterator[StreamChunk]:
+        """Iterate once: each round's ``StreamChunk(tokens, text)`` (text None without a tokenizer)."""
+        return stream_text.chunks(self, self._decode)
+
+    def __aiter__(self) -> AsyncIterator[list[int]]:
+        self._start()
+        return self._aiterate()
+
+    def achunks(self) -> AsyncIterator[StreamChunk]:
+        """``chunks`` for ``async for``."""
+        return stream_text.achunks(self.__aiter__(), self._decode)
+
+    async def aresult(self) -> GenerationResult:
+        """Await the end of the request (consuming the stream if nobody iterates it) and return its result."""
+        if not self._started:
+            async for _ in self:
+                pass
+        else:
+            await asyncio.get_running_loop().run_in_executor(None, self.done.wait)
+        return self.wait(0)
+
+    async def _aiterate(self) -> AsyncIterator[list[int]]:
+        aq: asyncio.Queue = asyncio.Queue()
+        with self._put_lock:  # what the scheduler pushed before now, then everything through the event loop
+            while True:
+                try:
+                    aq.put_nowait(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            self._loop_queue = (asyncio.get_running_loop(), aq)
+        while True:
+            item = await aq.get()
+            if item is _END:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
 
     def _iterate(self) -> Iterator[list[int]]:
         while True:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_run import fail, ok
+from cli_run import cli, fail, ok
 
 from eagle_export.manifest import load_manifest
 
@@ -234,6 +234,28 @@ def test_sampling_seed_reproduces(plain, mode):
     # The streaming output prints the same tokens.
     r = ok("generate", plain, *args, "--seed", 7)
     assert [int(x) for x in r.stdout.split()] == a["tokens"]
+
+
+def test_random_seed_is_shown_without_json(plain):
+    """The stats line names the seed a sampled run drew, and --seed with it repeats the run."""
+    import re
+
+    args = ("--prompt-ids", ids(P12), "--max-new-tokens", 12, "--ignore-eos", *HOT)
+    r = ok("generate", plain, *args)
+    seed = re.search(r"seed=(\d+),", r.stderr)
+    assert seed, r.stderr
+    assert ok("generate", plain, *args, "--seed", seed.group(1)).stdout == r.stdout
+    assert "seed=" not in ok("generate", plain, "--prompt-ids", ids(P12), "--max-new-tokens", 4).stderr  # greedy
+    assert "seeds 40..42," in ok("generate", plain, *args, "--seed", 40, "--samples", 3).stderr
+
+
+def test_help_explains_the_tree_limits_and_serve_defaults():
+    export = cli("export", "--help").output
+    for opt in ("--max-depth", "--max-total-tokens"):
+        line = " ".join(export.split(f"\n  {opt} ", 1)[1].split("\n  --", 1)[0].split())
+        assert "upper bound for" in line, (opt, line)
+    serve = " ".join(cli("serve", "--help").output.split())
+    assert "16 tokens" in serve and "temperature 1" in serve and "64 tokens, greedy" in serve
 
 
 def test_temperature_zero_is_greedy_cli(plain):

@@ -53,7 +53,7 @@ def test_neither_installed(monkeypatch):
         load_lib("auto")
     msg = str(info.value)
     assert "no TensorRT Python module is usable" in msg
-    assert 'pip install "eagle-export[tensorrt-rtx]"' in msg and 'pip install "eagle-export[tensorrt]"' in msg
+    assert "pip install 'eagle-export[tensorrt-rtx]'" in msg and "pip install 'eagle-export[tensorrt]'" in msg
 
 
 def test_unknown_choice():

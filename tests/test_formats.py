@@ -13,6 +13,7 @@ draft's output. Math-changing config keys that are not implemented fail with a m
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -298,11 +299,16 @@ def test_checkpoint_feature_layer_out_of_range(models, tmp_path):
 # ---- --max-seq-len default -------------------------------------------------------------------------------
 
 
-def test_max_seq_len_defaults_to_the_target_limit(models):
-    _, _, art = models("mha", max_seq_len=None, max_position_embeddings=1024)
-    assert load_manifest(art).max_seq_len == 1024  # min(2048, 1024): a 1024-position target needs no flag
+def test_max_seq_len_defaults_to_the_target_limit(models, caplog):
+    # The tiny heads copy the target's max_position_embeddings: a 1024-position target and head give capacity
+    # 1024 - 8 (--max-depth), so the draft's positions (up to capacity + depth) stay in the head's range and the
+    # default export does not warn (it used to: "positions reach 1032"); no flag needed either way.
+    with caplog.at_level(logging.WARNING, logger="eagle_export"):
+        _, _, art = models("mha", max_seq_len=None, max_position_embeddings=1024)
+    assert load_manifest(art).max_seq_len == 1024 - 8
+    assert "positions reach" not in caplog.text
     _, _, art = models("mha", max_seq_len=None, max_position_embeddings=4096)
-    assert load_manifest(art).max_seq_len == 2048
+    assert load_manifest(art).max_seq_len == 2048  # min(2048, 4096, 4096 - 8)
 
 
 # ---- math-changing keys that are not implemented: one clear error naming the key and the file ------------

@@ -93,3 +93,45 @@ def test_export_artifact_progress_false_writes_nothing(tiny, tmp_path, capsys):
     with pytest.raises(CheckpointError):
         export_artifact(target, tmp_path / "none", tmp_path / "art2", ExportOptions(max_seq_len=32), progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_warning_on_a_real_terminal_gets_its_own_line(tiny, tmp_path):
+    """A pseudo-terminal as stderr (the real case, in a fresh process): the export's draft position warning (a
+    head trained to 36 positions, capacity 32 + depth 8) comes while the step bar is drawn; it must start a line,
+    not follow the bar's text, and the bar goes on below it."""
+    import fcntl
+    import json
+    import os
+    import pty
+    import shutil
+    import struct
+    import subprocess
+    import termios
+
+    target, draft, _ = tiny
+    draft = shutil.copytree(draft, tmp_path / "draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 36}))
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns (0: tqdm draws nothing)
+    proc = subprocess.Popen([sys.executable, "-m", "eagle_export.cli", "export", "--target", str(target), "--draft",
+                             str(draft), "--out", str(tmp_path / "art"), "--max-seq-len", "32"],
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO once the child has exited and closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(60) == 0, out.decode(errors="replace")
+    text = out.decode(errors="replace")
+    before, sep, after = text.partition("WARNING: ")
+    assert sep and "positions reach 40" in after.split("\n", 1)[0], text
+    assert "1/5" in before, repr(text)  # the bar was drawn (target loaded, loading draft) when the warning came
+    assert before.endswith(("\r", "\n")), repr(before[-160:])  # the bar's line was cleared first
+    assert "5/5" in after  # and the bar went on below it

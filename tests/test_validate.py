@@ -287,3 +287,22 @@ def test_perturbed_eagle3_draft_weight_names_the_layer(models, tmp_path):
     assert passed == {"fc": True, "midlayer.input_layernorm": True,
                       "midlayer.hidden_norm": True, "midlayer.self_attn": True, "midlayer.mlp": False,
                       "norm": False}
+
+
+def test_prompt_longer_than_the_capacity_is_one_line_naming_it(tiny, tmp_path):
+    """Used to be a 49-line transformers traceback (max_new_tokens -11) with exit status 1 ("a check failed")."""
+    capacity = load_manifest(tiny[2]).max_seq_len
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n" + json.dumps({"prompt_ids": [5] * (capacity + 11)})
+                 + "\n")
+    fail("validate", tiny[2], "--prompts-file", f, expect=(f"{f}:2", f"{capacity + 11} tokens",
+                                                           f"at most {capacity - 1}"))
+    f.write_text(json.dumps({"prompt_ids": [5] * capacity}) + "\n")  # fits the runtime, leaves no room to compare
+    fail("validate", tiny[2], "--prompts-file", f, expect=(f"{f}:1", f"at most {capacity - 1}"))
+
+
+def test_end_to_end_phase_reports_each_prompt(tiny):
+    r = cli("validate", tiny[2], "--prompts", 2, "--max-new-tokens", 4, "--threads", 1)
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("[validate] prompt ")]
+    assert [ln.split(" (")[0] for ln in lines] == ["[validate] prompt 1/2", "[validate] prompt 2/2"], r.stderr

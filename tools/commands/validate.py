@@ -797,12 +797,16 @@ def _top2_gap(lm, prefix: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def end_to_end(rt, oracle, lm, m: Manifest, prompts: list[list[int]], max_new: int, tie_gap: float):
+def end_to_end(rt, oracle, lm, m: Manifest, prompts: list[list[int]], max_new: int, tie_gap: float, log=None):
+    """log: called once per prompt, as it starts (the three generations of a prompt take a while on a big model)."""
     from eagle_export.runtime.oracle import EagleRound, compare_with_oracle
 
     greedy, eagle = TokenReport("greedy"), TokenReport("eagle")
     tree = m.tree_defaults
-    for p in prompts:
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        if log is not None:
+            log(f"prompt {i + 1}/{len(prompts)} ({len(p)} tokens; {time.perf_counter() - t0:.0f} s so far)")
         room = m.max_seq_len - len(p)
         want = _hf_greedy(lm, p, min(max_new, room))
         rounds: list[EagleRound] = []
@@ -891,7 +895,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     from eagle_export.errors import CheckpointError
     from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
     from eagle_export.export.modules import DraftStep, TargetVerify
-    from eagle_export.prompts import prompt_ids
+    from eagle_export.prompts import PromptFileError, prompt_ids
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.oracle import EagleOracle
 
@@ -910,6 +914,11 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     # Opening the runtime checks every graph file loads, before any long work.
     rt = EagleRuntime.open(directory, backend="ort", threads=threads)
     given = None if prompt_specs is None else [prompt_ids(rt, s) for s in prompt_specs]  # bad lines fail here
+    for spec, ids in zip(prompt_specs or (), given or (), strict=True):
+        if len(ids) >= m.max_seq_len:  # the end-to-end checks compare generated tokens: at least one must fit
+            raise PromptFileError(f"{spec.source}: the prompt has {len(ids)} tokens, and validate needs room to "
+                                  f"generate: at most {m.max_seq_len - 1} (the artifact's capacity, --max-seq-len, is "
+                                  f"{m.max_seq_len})")
     sources = {}
     for part, override in (("target", target), ("draft", draft)):
         src = Path(override) if override is not None else Path(getattr(m, part).source)
@@ -963,7 +972,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
             for _ in range(prompts)]
         log(f"generating {len(plist)} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
         oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
-        greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap)
+        greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap, log)
     else:
         greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
     return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
