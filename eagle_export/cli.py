@@ -325,7 +325,7 @@ _PROMPTS_FILE = click.option(
               help="Where built peer models are kept and reused [default: ARTIFACT/peers].")
 @click.option("--spin", type=click.Choice(["off", "run", "on"]), default=None,
               help="ONNX Runtime's intra-op thread spinning for our sessions: off, run (spin during a call, stop as "
-                   "it returns), on [default: run; docs/runtime.md, Threading].")
+                   "it returns), on [default: off; docs/runtime.md, Threading].")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")

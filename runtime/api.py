@@ -176,7 +176,7 @@ class EagleRuntime:
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
         ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
         graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two). spin:
-        ONNX Runtime's thread spin policy, "off", "run" or "on" (None: the backend's default, "run"; docs/runtime.md).
+        ONNX Runtime's thread spin policy, "off", "run" or "on" (None: the backend's default, "off"; docs/runtime.md).
         """
         t0 = time.perf_counter()
         directory = Path(directory)

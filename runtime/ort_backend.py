@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 #   "run": spin while a call runs, stop as it returns (the loop's host work between calls keeps its core);
 #   "on":  ONNX Runtime's default, spin on after a call too (for back-to-back calls with no host work between).
 SPIN_POLICIES = ("off", "run", "on")
-DEFAULT_SPIN = "run"
+# "off" stays the default: on the fixture (2 threads, docs/runtime.md) "run" and "on" were not faster end to end.
+DEFAULT_SPIN = "off"
 
 
 def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.SessionOptions:
