@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 
@@ -37,7 +38,8 @@ def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: 
 
     if replicas < 1:
         raise EagleExportError(f"--replicas must be >= 1, got {replicas}")
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
     from .ray_deploy import ray_app
@@ -47,6 +49,11 @@ def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: 
         return
     print(f"eagle-export serve: {replicas} Ray Serve replica(s) on http://{host}:{port} (Ctrl-C stops)",
           file=sys.stderr)
+
+    def stop(signum, frame):  # ray.init installed its own SIGTERM handler (it aborts the driver): stop as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         while True:
             time.sleep(3600)
@@ -54,3 +61,5 @@ def serve_ray(opts: ServeOptions, replicas: int, host: str = "127.0.0.1", port: 
         pass
     finally:
         serve.shutdown()
+        if started:  # the local Ray instance started here goes with it (its agents included)
+            ray.shutdown()

@@ -8,7 +8,7 @@ import torch
 
 from eagle_export.cli import export_cmd
 from eagle_export.dtypes import BY_TORCH, BY_TRT, DTYPES, EXPORT_DTYPES, dtype_name, torch_dtype
-from eagle_export.engines.builder import dtype_name
+from eagle_export.engines.builder import dtype_name as trt_dtype_name
 
 
 def test_entries_agree_with_torch_and_numpy():
@@ -24,4 +24,4 @@ def test_the_cli_and_the_builder_follow_the_table():
     choices = next(p for p in export_cmd.params if p.name == "dtype").type.choices
     assert list(choices) == list(EXPORT_DTYPES)
     for member, d in BY_TRT.items():
-        assert dtype_name(type("DataType", (), {"name": member})()) == d.name
+        assert trt_dtype_name(type("DataType", (), {"name": member})()) == d.name

@@ -103,3 +103,47 @@ def test_two_ray_serve_replicas_answer_and_are_lossless(art):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_sigterm_stops_serve_ray_and_every_ray_process_it_started(art, tmp_path):
+    """`eagle-export serve --ray` started as a user starts it, then SIGTERM once it answers: the command exits 0 and no
+    process of the Ray instance it started (raylet, GCS, dashboard and runtime-env agents) is left running. Ray's
+    processes are found by the temporary directory given to this run alone (RAY_TMPDIR)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "eagle_export.cli", "serve", str(art), "--ray", "--replicas", "1",
+                             "--replica-cpus", "0.5", "--port", str(port), "--threads", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ours() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+        return [line for line in out if str(ray_tmp) in line or re.search(rf"--temp-dir[= ]{re.escape(str(ray_tmp))}",
+                                                                             line)]
+
+    try:
+        deadline = time.monotonic() + 180
+        up = False
+        while not up and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                up = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(1)
+        assert up, "serve --ray did not come up"
+        assert ours(), "Ray's processes were not found by their temporary directory"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        deadline = time.monotonic() + 30
+        while ours() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert ours() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
