@@ -66,5 +66,5 @@ def test_gpu_check_stops_first_on_a_library_the_gpu_cannot_run(tmp_path):
     assert res.exit_code == 2
     assert "library: tensorrt_rtx 1.7.1.116; compute capability 9.0" in res.output
     assert "error: tensorrt_rtx cannot run on compute capability 9.0" in res.output
-    assert 'install the other library (pip install "eagle-export[tensorrt]"' in res.output
+    assert "install the other library (pip install 'eagle-export[tensorrt]'" in res.output
     assert not (tmp_path / "target").exists()  # nothing was made before the check

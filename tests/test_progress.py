@@ -132,6 +132,6 @@ def test_a_warning_on_a_real_terminal_gets_its_own_line(tiny, tmp_path):
     text = out.decode(errors="replace")
     before, sep, after = text.partition("WARNING: ")
     assert sep and "positions reach 40" in after.split("\n", 1)[0], text
-    assert "1/5" in before, repr(text)  # the bar was drawn (target loaded, loading draft) when the warning came
+    assert "1/6" in before, repr(text)  # the bar was drawn (target loaded, loading draft) when the warning came
     assert before.endswith(("\r", "\n")), repr(before[-160:])  # the bar's line was cleared first
-    assert "5/5" in after  # and the bar went on below it
+    assert "6/6" in after  # and the bar went on below it
