@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import MASK_MIN
+from .modules import MASK_MIN, target_outputs
 
 MS = "com.microsoft"
 
@@ -173,14 +173,7 @@ class FusedTargetVerify(nn.Module):
             nxt = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
             x, h = SkipRMSNorm.apply(m, h, nxt.weight, _eps(nxt))
             presents += [pk, pv]
-        normed = x
-        if self.feature_layers is None:
-            feats = normed
-        else:
-            feats = torch.cat([taps[i] for i in self.feature_layers], -1)
-        rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
-        logits = self.lm_head(rows).float()
-        return (logits, feats, *presents)
+        return target_outputs(x, taps, self.feature_layers, logit_indices, self.lm_head, presents)
 
 
 def pack_qkv(model) -> int:

@@ -124,14 +124,18 @@ class TargetVerify(nn.Module):
             h = h + a
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             presents += [k, v]
-        normed = self.norm(h)
-        if self.feature_layers is None:
-            feats = normed
-        else:
-            feats = torch.cat([taps[i] for i in self.feature_layers], -1)
-        rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
-        logits = self.lm_head(rows).float()
-        return (logits, feats, *presents)
+        return target_outputs(self.norm(h), taps, self.feature_layers, logit_indices, self.lm_head, presents)
+
+
+def target_outputs(normed, taps: dict, feature_layers: list[int] | None, logit_indices, lm_head, presents: list):
+    """A target graph's outputs: logits of the requested rows (float32), the draft features (the final-norm hidden
+    state, or the tapped layer inputs concatenated in ``feature_layers`` order), then the K/V outputs."""
+    if feature_layers is None:
+        feats = normed
+    else:
+        feats = torch.cat([taps[i] for i in feature_layers], -1)
+    rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
+    return (lm_head(rows).float(), feats, *presents)
 
 
 def _decoder_layer(config, index: int, opts, in_dim: int) -> nn.Module:
