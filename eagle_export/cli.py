@@ -71,6 +71,9 @@ def main() -> None:
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Also write the fused target graph ONNX Runtime runs (GroupQueryAttention writing the cache in "
                    "place; fp32/fp16 targets with head_dim a multiple of 16; docs/graph-contract.md).")
+@click.option("--draft-tree/--no-draft-tree", default=True, show_default=True,
+              help="Also write the draft tree graph: a round's context pass and its --top-k/--depth tree in one "
+                   "call (ONNX Runtime drafts with it where a round's tree fits; docs/graph-contract.md).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
@@ -78,7 +81,7 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, feature_layers, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, max_batch, fused, draft_tree, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
@@ -89,7 +92,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, feature_layers=layers)
+                         fused=fused, draft_tree=draft_tree, feature_layers=layers)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 

@@ -144,8 +144,9 @@ class OrtBackend:
     max_prefill = None  # any prefill chunk: the graphs' axes are dynamic
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
-                 threads: int | None = None, fused: bool = True, spin: str = DEFAULT_SPIN):
+                 threads: int | None = None, fused: bool = True, spin: str = DEFAULT_SPIN, draft_tree: bool = True):
         """fused: run the fused target graph where the artifact has one (False: the standard graph, to compare).
+        draft_tree: run the draft tree graph where the artifact has one (False: the step graph alone, to compare).
         spin: the intra-op threads' spin policy (``SPIN_POLICIES``)."""
         if manifest.dtype not in ORT_GRAPH_DTYPES:
             raise ManifestError(
@@ -172,7 +173,8 @@ class OrtBackend:
         # and have not run here).
         fused = fused and self.device == "cpu"
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
-        runs = {self.target_graph, C.DRAFT_GRAPH}
+        self.tree_graph = C.DRAFT_TREE_GRAPH if draft_tree and C.DRAFT_TREE_GRAPH in manifest.graphs else None
+        runs = {self.target_graph, C.DRAFT_GRAPH} | ({self.tree_graph} if self.tree_graph else set())
         self.spin = spin
         self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads, spin)
                        for name in runs}
