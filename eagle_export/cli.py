@@ -127,6 +127,19 @@ def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, wor
     click.echo(f"built with {e.lib} {e.lib_version} into {artifact}")
 
 
+def _spin(value: str | None) -> str | None:
+    """--spin checked here, so a typo is a usage error naming the choices."""
+    if value is None:
+        return None
+    from .runtime.ort_backend import parse_spin
+
+    try:
+        parse_spin(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
 def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -329,9 +342,10 @@ _PROMPTS_FILE = click.option(
                    "from, manifest target.source].")
 @click.option("--peer-cache", type=click.Path(path_type=Path), default=None,
               help="Where built peer models are kept and reused [default: ARTIFACT/peers].")
-@click.option("--spin", type=click.Choice(["off", "run", "on"]), default=None,
+@click.option("--spin", default=None, callback=lambda c, p, v: _spin(v),
               help="ONNX Runtime's intra-op thread spinning for our sessions: off, run (spin during a call, stop as "
-                   "it returns), on [default: off; docs/runtime.md, Threading].")
+                   "it returns), on; or per phase, e.g. target=run,draft=off [default: the runtime's; "
+                   "docs/runtime.md, Threading].")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")

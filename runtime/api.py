@@ -176,7 +176,8 @@ class EagleRuntime:
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
         ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
         graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two). spin:
-        ONNX Runtime's thread spin policy, "off", "run" or "on" (None: the backend's default, "off"; docs/runtime.md).
+        ONNX Runtime's thread spin policy, "off", "run" or "on", or one per phase, "target=run,draft=off" (None: the
+        backend's default; docs/runtime.md, Threading).
         draft_tree: on ONNX Runtime, draft with the draft tree graph where the artifact has one and the round's tree
         fits it (the default: one draft call a round; False drafts level by level with the step graph).
         """
