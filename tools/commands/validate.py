@@ -993,7 +993,9 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         axes = m.graphs[C.DRAFT_TREE_GRAPH].axes
         dt = DraftTree(head, m.tree_limits.max_top_k, axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]).eval()
         graphs[C.DRAFT_TREE_GRAPH] = check_graph(directory, m, C.DRAFT_TREE_GRAPH, dt,
-                                                 tree_cases(m, rng, rt.generator.embedding), None, runner_cls)
+                                                 # its own random source: the prompts below stay the seed's
+                                                 tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding),
+                                                 None, runner_cls)
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS],
                 *([graphs[C.TARGET_FUSED_GRAPH].outputs[C.LOGITS]] if C.TARGET_FUSED_GRAPH in graphs else []))
