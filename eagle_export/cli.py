@@ -75,10 +75,15 @@ def main() -> None:
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
                    "inputs of layers, else its format's default, the reference's 2, L//2, L-3).")
+@click.option("--head-reading", type=click.Choice(["auto", "config", "modelopt", "specforge-0.2", "eagle-llm-1.2"]),
+              default="auto", show_default=True,
+              help="How the head's config is read: auto = as the library that wrote it trained it, where the files "
+                   "name the writer (ModelOpt's rope and first-layer norm, SpecForge 0.2.0's norm_output); config = "
+                   "as written (the serving engines' reading); or one writer's reading forced (docs/formats.md).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, feature_layers, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, max_batch, fused, feature_layers, head_reading, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
@@ -89,7 +94,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, feature_layers=layers)
+                         fused=fused, feature_layers=layers, head_reading=head_reading)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 

@@ -931,7 +931,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     tgt = load_target(sources["target"], dtype=torch.float32, progress=False)
     eagle3 = m.variant == "eagle3"
     try:
-        d = load_draft_head(sources["draft"], tgt, m.target.feature_layers if eagle3 else None)
+        d = load_draft_head(sources["draft"], tgt, m.target.feature_layers if eagle3 else None, m.draft.reading)
     except CheckpointError:
         # An EAGLE-1/2 checkpoint given for an EAGLE-3 artifact fails on feature_layers: say what is wrong.
         if eagle3 and detect_variant(read_draft_checkpoint(sources["draft"])) != "eagle3":
