@@ -264,9 +264,12 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
+@click.option("--against-library", is_flag=True,
+              help="Also compare the draft graph with the forward of the library that wrote the head (ModelOpt, "
+                   "...), steps 1 and 2; skipped with the reason when that library is not installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
 def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, target_dir, draft_dir, seed, threads,
-                 as_json) -> None:
+                 against_library, as_json) -> None:
     """Check ARTIFACT against the PyTorch model: every graph output, greedy tokens, EAGLE rounds.
 
     Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
@@ -282,7 +285,8 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, targe
     specs = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[validate] {msg}", err=True))
     report = validate(artifact, backend=backend, prompts=prompts, max_new_tokens=max_new_tokens, target=target_dir,
-                      draft=draft_dir, seed=seed, threads=threads, log=log, prompt_specs=specs)
+                      draft=draft_dir, seed=seed, threads=threads, log=log, prompt_specs=specs,
+                      against_library=against_library)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
     sys.exit(0 if report.passed else 1)
 
