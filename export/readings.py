@@ -38,7 +38,7 @@ SPECFORGE_020_TRANSFORMERS = "5.8.1"
 EAGLE_LLM_ROPE_BASE = 10000.0
 # The format each writer reading applies to.
 READING_FORMATS = {MODELOPT: ("modelopt-eagle3",), SPECFORGE_020: ("specforge-eagle3", "reference-eagle3"),
-                   EAGLE_LLM_121: ("reference-eagle1", "reference-eagle3")}
+                   EAGLE_LLM_121: ("reference-eagle1",)}  # eagle-llm 1.2.1 has EAGLE-1/2 heads only
 
 
 @dataclass

@@ -74,6 +74,7 @@ def test_speculators_sliding_window_is_kept(target, tmp_path):
     assert (m.draft.options["sliding_window"], m.draft.options["sliding_layers"]) == (WINDOW, [0])
     fwd = WriterForward(draft, target, "speculators")
     ok = against(art, draft, fwd)
+    print(ok.format())
     assert ok.passed and ok.max_logprob_error < TOL and ok.top1_agree == ok.rows == 24, ok.format()
 
     rt, oracle = EagleRuntime.open(art, threads=1), EagleOracle.load(target, draft)
@@ -88,6 +89,7 @@ def test_speculators_sliding_window_is_kept(target, tmp_path):
 
     ignored = edit_config(draft, tmp_path / "nowin", tlc_layer_types=["full_attention"])
     bad = against(export(target, ignored, tmp_path / "art-nowin"), draft, fwd)
+    print(bad.format())
     assert not bad.passed and bad.max_logprob_error > 10 * TOL, bad.format()
 
     with pytest.raises(CheckpointError, match=r"sliding_window 4 .* smaller than --max-depth 5"):
@@ -108,8 +110,10 @@ def test_modelopt_rope_and_first_norm_stand_in(target, tmp_path, caplog):
     assert "input_layernorm on the hidden stream" in caplog.text
     assert load_manifest(art).draft.reading == "modelopt"
     ok = against(art, draft, fwd)
+    print(ok.format())
     assert ok.passed and ok.max_logprob_error < TOL, ok.format()
     bad = against(export(target, draft, tmp_path / "config", reading="config"), draft, fwd)
+    print(bad.format())
     assert not bad.passed, bad.format()
 
 
@@ -124,8 +128,10 @@ def test_specforge_020_norm_output(target, tmp_path, caplog, norm_output):
         art = export(target, draft, tmp_path / "auto")
     assert "read as SpecForge 0.2.0 trained it" in caplog.text
     ok = against(art, draft, fwd)
+    print(ok.format())
     assert ok.passed and ok.max_logprob_error < TOL, ok.format()
     bad = against(export(target, draft, tmp_path / "config", reading="config"), draft, fwd)
+    print(bad.format())
     assert not bad.passed, bad.format()
 
 
@@ -139,6 +145,7 @@ def test_eagle_llm_rope_base(target, tmp_path, caplog):
         art = export(target, draft, tmp_path / "auto")
     assert "--head-reading eagle-llm-1.2" in caplog.text
     bad = against(art, draft, fwd)
+    print(bad.format())
     assert not bad.passed, bad.format()
     ok = against(export(target, draft, tmp_path / "forced", reading="eagle-llm-1.2"), draft, fwd)
     assert ok.passed and ok.max_logprob_error < TOL, ok.format()
@@ -221,8 +228,11 @@ def test_modelopt_library_head(target, tmp_path, caplog):
         art = export(target, draft, tmp_path / "auto")
     assert "read as NVIDIA ModelOpt trained it" in caplog.text
     own = against(art, draft, InMemoryModelOpt(model))
+    print(own.format())
     assert own.passed and own.max_logprob_error < TOL and own.max_state_error < TOL, own.format()
     adapter = against(art, draft, None)
+    print(adapter.format())
     assert adapter.skipped is None and adapter.passed and adapter.max_logprob_error < TOL, adapter.format()
     bad = against(export(target, draft, tmp_path / "config", reading="config"), draft, None)
+    print(bad.format())
     assert not bad.passed and bad.skipped is None, bad.format()
