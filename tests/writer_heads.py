@@ -8,7 +8,8 @@ on (``tools/commands/against_library.LibraryForward``): rows of target features 
   ``norm_before_residual`` absent = true.
 - ``specforge-0.2``: ``norm_output`` true = feed g back, logits lm_head(norm(g)); false = logits lm_head(g).
 - ``eagle-llm-1.2``: EAGLE-1/2 head, rotary base 10000 whatever ``rope_theta`` says.
-- ``modelopt``: ``layers.0.input_layernorm`` then ``hidden_norm`` on the hidden stream, default rope.
+
+(nvidia-modelopt installs beside this package: its heads are checked against the library itself.)
 """
 
 from __future__ import annotations
@@ -78,8 +79,7 @@ class WriterForward:
         if "input_norm.weight" in w:
             f = rms(f, w["input_norm.weight"], eps)
         h = torch.cat((f @ w["fc.weight"].T, fed.double()))
-        hin = rms(h, w[p + "input_layernorm.weight"], eps) if self.writer == "modelopt" else h
-        hn = rms(hin, w[p + "hidden_norm.weight"], eps)
+        hn = rms(h, w[p + "hidden_norm.weight"], eps)
         u = torch.cat([rms(e, w[p + "input_layernorm.weight"], eps), hn], -1)
         g = self.mlp_block((hn if self.nbr else h) + self.attention(u, positions, mask))
         normed = rms(g, w["norm.weight"], eps)
