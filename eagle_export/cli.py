@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
+from .export.readings import READING_CHOICES
 from .extras import HTTP_CLIENT, RAY, SERVE, require
 from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
@@ -75,8 +76,7 @@ def main() -> None:
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
                    "inputs of layers, else its format's default, the reference's 2, L//2, L-3).")
-@click.option("--head-reading", type=click.Choice(["auto", "config", "modelopt", "specforge-0.2", "eagle-llm-1.2"]),
-              default="auto", show_default=True,
+@click.option("--head-reading", type=click.Choice(READING_CHOICES), default="auto", show_default=True,
               help="How the head's config is read: auto = as the library that wrote it trained it, where the files "
                    "name the writer (ModelOpt's rope and first-layer norm, SpecForge 0.2.0's norm_output); config = "
                    "as written (the serving engines' reading); or one writer's reading forced (docs/formats.md).")

@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from cli_run import fail
 from test_oracle import traced
 from writer_heads import WriterForward
 
@@ -135,8 +136,8 @@ def test_eagle_llm_rope_base(target, tmp_path, caplog):
 def test_reading_and_vocabulary_refusals(target, tmp_path):
     t = load_target(target, progress=False)
     sf = make_tiny_eagle3_draft(tmp_path / "sf", target, seed=7, layout="specforge")
-    with pytest.raises(CheckpointError, match="--head-reading modelopt applies to modelopt-eagle3 heads"):
-        load_draft_head(sf, t, reading="modelopt")
+    fail("export", "--target", target, "--draft", sf, "--out", tmp_path / "art", "--head-reading", "modelopt",
+         expect=("--head-reading modelopt applies to modelopt-eagle3 heads; this head is specforge-eagle3",))
     # A d2t that training never filled (all zeros, no t2d) with a smaller draft vocabulary: the mapping is missing.
     mo = make_tiny_eagle3_draft(tmp_path / "mo", target, seed=7, layout="modelopt", draft_vocab_size=32,
                                 num_feature_layers=2)
