@@ -1,5 +1,6 @@
-"""Stand-ins for the writer libraries that cannot be installed beside this package (speculators, SpecForge 0.2.0,
-eagle-llm 1.2.1 pin other torch/transformers versions): each one's draft forward in plain float64 torch, written from
+"""Stand-ins for the writer libraries that do not install beside this package (speculators, SpecForge 0.2.0 and
+eagle-llm 1.2.1 pin other torch/transformers versions; the last two run here only installed with --no-deps, which CI
+does not do): each one's draft forward in plain float64 torch, written from
 what the library's own code does (shared/docs/checkpoint-formats.md section 8b), reading the raw files with the
 format's key names. They share no code with export/ and enforce the contract ``validate --against-library`` relies
 on (``tools/commands/against_library.LibraryForward``): rows of target features then fed-back states, any mask.

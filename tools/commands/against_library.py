@@ -157,10 +157,99 @@ class ModelOptForward(LibraryForward):
         return pre[0], logp
 
 
-ADAPTERS = {"nvidia-modelopt": ModelOptForward}
+class SpecForgeForward(LibraryForward):
+    """specforge's ``LlamaForCausalLMEagle3`` built from the files: ``project_hidden_states`` (fc), ``backbone``
+    (the midlayer), ``compute_logits``; the state fed back is the backbone's output, as its training loop does.
+    specforge 0.2.0 pins torch 2.11 and sglang: it runs here only when installed without them
+    (``pip install --no-deps specforge==0.2.0``)."""
+
+    library = "specforge"
+
+    def __init__(self, draft_dir: Path):
+        try:
+            from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+        except ImportError as e:
+            raise LibraryUnavailable(f"specforge is not installed ({e}); it pins torch 2.11.0, transformers 5.8.1 and "
+                                     "sglang: `pip install --no-deps specforge==0.2.0` runs its modules here") from None
+        from transformers import LlamaConfig
+
+        from eagle_export.export.loaders import read_draft_checkpoint
+
+        self.version = _version("specforge")
+        ckpt = read_draft_checkpoint(draft_dir)
+        skip = ("architectures", "eagle_config", "transformers_version")
+        cfg = {k: v for k, v in ckpt.config.items() if k not in skip}
+        self.model = LlamaForCausalLMEagle3(LlamaConfig(**cfg))
+        missing, unexpected = self.model.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in ckpt.weights.items()}, strict=False)
+        if [k for k in missing if k not in ("embed_tokens.weight", "d2t", "t2d")] or unexpected:
+            raise LibraryUnavailable(f"specforge's LlamaForCausalLMEagle3 does not take these files: missing "
+                                     f"{missing}, unexpected {unexpected}")
+        self.model.float().eval()
+
+    @torch.no_grad()
+    def __call__(self, features, fed, embeds, positions, mask):
+        z = torch.cat((self.model.project_hidden_states(features), fed))
+        g = self.model.backbone(input_embeds=embeds[None], hidden_states=z[None], cache_hidden=None,
+                                attention_mask=_additive(mask), position_ids=positions[None], use_cache=False)
+        return g[0], torch.log_softmax(self.model.compute_logits(g)[0].float(), -1)
 
 
-def library_forward(fmt: str, draft_dir: Path) -> LibraryForward:
+class EagleLlmForward(LibraryForward):
+    """eagle-llm's (SafeAILab's PyPI package) EAGLE-1/2 ``cnets.Model`` built from the files, run by its parts (its own
+    ``forward`` builds a causal mask itself): ``fc`` over [embedding; feature or fed-back state], its decoder layers,
+    then the target's ``lm_head``; the state fed back is the last layer's output. eagle-llm 1.2.1 pins accelerate 0.21,
+    pydantic 1 and gradio 3: it runs here only when installed without them (``pip install --no-deps
+    eagle-llm==1.2.1``)."""
+
+    library = "eagle-llm"
+
+    def __init__(self, draft_dir: Path, target_dir: Path):
+        try:
+            from eagle.model.cnets import Model
+            from eagle.model.configs import EConfig
+        except ImportError as e:
+            raise LibraryUnavailable(f"eagle-llm is not installed ({e}); it pins accelerate 0.21, pydantic 1 and "
+                                     "gradio 3: `pip install --no-deps eagle-llm==1.2.1` runs its modules "
+                                     "here") from None
+        from safetensors.torch import load_file
+
+        from eagle_export.export.loaders import read_draft_checkpoint
+
+        self.version = _version("eagle-llm")
+        ckpt = read_draft_checkpoint(draft_dir)
+        cfg = dict(ckpt.config)
+        if cfg.get("num_hidden_layers", 1) != 1 or any(k.endswith("layernorm.weight") and "layers." not in k
+                                                        for k in ckpt.weights):
+            raise LibraryUnavailable("eagle-llm 1.2.1 writes one-layer heads without HASS norms; this head is not one")
+        config = EConfig(**{k: v for k, v in cfg.items() if k != "architectures"})
+        rs = getattr(config, "rope_scaling", None)
+        if isinstance(rs, dict) and rs.get("rope_type", rs.get("type")) in (None, "default"):
+            config.rope_scaling = None  # transformers 5 fills in a default; eagle-llm expects None (transformers 4)
+        self.model = Model(config, bias=bool(cfg.get("bias", True)))
+        missing, unexpected = self.model.load_state_dict(
+            {k: v.float() for k, v in ckpt.weights.items()}, strict=False)
+        if [k for k in missing if not k.startswith("embed_tokens")] or unexpected:
+            raise LibraryUnavailable(f"eagle-llm's Model does not take these files: missing {missing}, unexpected "
+                                     f"{unexpected}")
+        self.model.float().eval()
+        tw = {}
+        for f in sorted(Path(target_dir).glob("*.safetensors")):
+            tw.update(load_file(str(f)))
+        self.lm_head = tw.get("lm_head.weight", tw.get("model.embed_tokens.weight")).float()
+
+    @torch.no_grad()
+    def __call__(self, features, fed, embeds, positions, mask):
+        x = self.model.fc(torch.cat((embeds, torch.cat((features, fed))), -1))[None]
+        for layer in self.model.layers:
+            x = layer(x, attention_mask=_additive(mask), position_ids=positions[None])[0]
+        return x[0], torch.log_softmax(x[0] @ self.lm_head.T, -1)
+
+
+ADAPTERS = {"nvidia-modelopt": ModelOptForward, "specforge": SpecForgeForward, "eagle-llm": EagleLlmForward}
+
+
+def library_forward(fmt: str, draft_dir: Path, target_dir: Path) -> LibraryForward:
     """The forward of the library that writes heads of format ``fmt``; LibraryUnavailable says why not."""
     lib = LIBRARY_OF_FORMAT.get(fmt)
     if lib is None:
@@ -169,6 +258,10 @@ def library_forward(fmt: str, draft_dir: Path) -> LibraryForward:
     if adapter is None:
         raise LibraryUnavailable(f"{lib} cannot be installed beside this package (its pinned torch/transformers "
                                  "differ from ours) and has no adapter here; docs/validate.md#--against-library")
+    if adapter is EagleLlmForward:
+        if fmt != "reference-eagle1":
+            raise LibraryUnavailable("eagle-llm 1.2.1 has EAGLE-1/2 heads only (its EAGLE-3 code is not on PyPI)")
+        return adapter(draft_dir, target_dir)
     return adapter(draft_dir)
 
 
@@ -224,12 +317,13 @@ def compare_with_library(directory: Path, m: Manifest, fwd: LibraryForward, tabl
 
 
 def check_against_library(directory: Path, m: Manifest, draft_dir: Path, table, draft_to_target=None,
-                          seed: int = 0, fwd: LibraryForward | None = None) -> LibraryCheck:
+                          seed: int = 0, fwd: LibraryForward | None = None,
+                          target_dir: Path | None = None) -> LibraryCheck:
     """The whole check: the writer library's forward (or ``fwd``), or a skip with the reason."""
     lib = LIBRARY_OF_FORMAT.get(m.draft.format, m.draft.format)
     if fwd is None:
         try:
-            fwd = library_forward(m.draft.format, Path(draft_dir))
+            fwd = library_forward(m.draft.format, Path(draft_dir), Path(target_dir or m.target.source))
         except LibraryUnavailable as e:
             return LibraryCheck(lib, skipped=str(e))
     return compare_with_library(directory, m, fwd, table, draft_to_target, seed=seed)

@@ -978,7 +978,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         log("comparing draft_step with the forward of the library that wrote the head")
         dtt = getattr(head, "draft_to_target", None)
         library = check_against_library(directory, m, sources["draft"], rt.generator.embedding,
-                                        None if dtt is None else dtt.numpy(), seed)
+                                        None if dtt is None else dtt.numpy(), seed, target_dir=sources["target"])
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS],
                 *([graphs[C.TARGET_FUSED_GRAPH].outputs[C.LOGITS]] if C.TARGET_FUSED_GRAPH in graphs else []))
