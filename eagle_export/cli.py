@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
+from .export.readings import READING_CHOICES
 from .extras import HTTP_CLIENT, RAY, SERVE, require
 from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
@@ -78,10 +79,15 @@ def main() -> None:
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
                    "inputs of layers, else its format's default, the reference's 2, L//2, L-3).")
+@click.option("--head-reading", type=click.Choice(READING_CHOICES), default="auto", show_default=True,
+              help="How the head's config is read: auto = as the library that wrote it trained it, where the files "
+                   "name the writer (ModelOpt's rope and first-layer norm, SpecForge 0.2.0's norm_output); config = "
+                   "as written (the serving engines' reading); or one writer's reading forced (docs/formats.md).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, draft_tree, feature_layers, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, max_batch, fused, draft_tree, feature_layers, head_reading, overwrite,
+               quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
@@ -92,7 +98,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, draft_tree=draft_tree, feature_layers=layers)
+                         fused=fused, draft_tree=draft_tree, feature_layers=layers, head_reading=head_reading)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 
@@ -275,9 +281,12 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
+@click.option("--against-library", is_flag=True,
+              help="Also compare the draft graph with the forward of the library that wrote the head (ModelOpt, "
+                   "...), steps 1 and 2; skipped with the reason when that library is not installed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the readable report.")
 def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, target_dir, draft_dir, seed, threads,
-                 as_json) -> None:
+                 against_library, as_json) -> None:
     """Check ARTIFACT against the PyTorch model: every graph output, greedy tokens, EAGLE rounds.
 
     Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
@@ -293,7 +302,8 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, targe
     specs = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[validate] {msg}", err=True))
     report = validate(artifact, backend=backend, prompts=prompts, max_new_tokens=max_new_tokens, target=target_dir,
-                      draft=draft_dir, seed=seed, threads=threads, log=log, prompt_specs=specs)
+                      draft=draft_dir, seed=seed, threads=threads, log=log, prompt_specs=specs,
+                      against_library=against_library)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
     sys.exit(0 if report.passed else 1)
 

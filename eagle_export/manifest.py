@@ -56,6 +56,7 @@ class DraftInfo:
     num_layers: int = 1  # decoder layers in the head: one past/present K/V pair each in the draft graph
     options: dict = field(default_factory=dict)  # the head's math options (HeadOptions), as exported
     feature_layers_source: str | None = None  # where target.feature_layers came from (checkpoint, default, flag)
+    reading: str = "config"  # --head-reading applied (export/readings.py): config, or a writer's reading
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class ExportOptions:
     fused: bool = True
     # Also write the draft tree graph (contract 5): a round's draft work in one call, for the default tree's shape.
     draft_tree: bool = True
+    # How the head is read (export/readings.py): auto (the writer's reading where the files name it), config, or a
+    # writer's reading forced.
+    head_reading: str = "auto"
 
 
 def fused_unsupported(head_dim: int, dtype_name: str) -> str | None:
@@ -188,6 +191,18 @@ def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | N
     )
 
 
+def check_head_window(draft, max_depth: int) -> None:
+    """The draft graph masks keys by their cache column, which is the position of every context row and at or past the
+    position of every tree row (the tree's own rows lie within max_depth - 1 positions of each other): the window is
+    exact when it is at least --max-depth."""
+    w = draft.options.sliding_window
+    if w and w < max_depth:
+        raise CheckpointError(
+            f"draft: {draft.ckpt.path} has sliding_window {w} on layers {draft.options.sliding_layers}, smaller than "
+            f"--max-depth {max_depth}: the draft graph implements windows of at least the tree depth; export with "
+            f"--max-depth {w} or less")
+
+
 def default_max_seq_len(target_default: int, head_positions: int | None, max_depth: int) -> int:
     """The capacity without --max-seq-len: ``target_default`` (min(2048, the target's max_position_embeddings)),
     lowered so that the draft's positions (up to capacity + max_depth) stay inside the head's trained range, as
@@ -277,8 +292,9 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
     steps.update()
     steps.set_postfix_str("loading draft")
-    draft = load_draft_head(draft_dir, target, options.feature_layers)
+    draft = load_draft_head(draft_dir, target, options.feature_layers, options.head_reading)
     head, dcfg = draft.head, draft.config
+    check_head_window(draft, options.limits.max_depth)
     if options.max_seq_len is None:
         seq = default_max_seq_len(seq, dcfg.max_position_embeddings, options.limits.max_depth)
     if options.limits.max_top_k > draft.vocab_size:
@@ -300,7 +316,7 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         max_position_embeddings=dcfg.max_position_embeddings, fc_bias=draft.fc_bias,
         own_embedding=draft.own_embedding, source=str(Path(draft_dir).resolve()),
         format=draft.format, num_layers=draft.options.num_layers, options=asdict(draft.options),
-        feature_layers_source=draft.feature_layers_source,
+        feature_layers_source=draft.feature_layers_source, reading=draft.reading,
     )
     tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                  vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)

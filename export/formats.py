@@ -18,7 +18,7 @@ Canonical names (what ``export/modules.py`` loads):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from eagle_export.errors import CheckpointError
 
@@ -62,6 +62,13 @@ class HeadOptions:
     norm_before_fc: bool = False  # EAGLE-3: one RMSNorm over the k*T feature vector (input_norm)
     fc_norm: bool = False  # EAGLE-3: one RMSNorm per T-wide feature chunk (fc_norm.{i})
     norm_output: bool = False  # EAGLE-3.1: feed norm(g) back instead of g
+    # Readings of particular writers (export/readings.py sets them; the config alone never does):
+    hidden_input_norm: bool = False  # ModelOpt: hidden stream = hidden_norm(input_layernorm(z)) in the first layer
+    final_norm: bool = True  # SpecForge 0.2.0 norm_output false: logits = lm_head(g), no final norm
+    # The head's own sliding window (speculators layer_types / sliding_window): keys at distance >= window are
+    # masked in the listed draft layers (0 = the first layer); 0 = full attention everywhere.
+    sliding_window: int = 0
+    sliding_layers: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -163,9 +170,37 @@ class HeadFormat:
             raise CheckpointError(f"draft: {where} {self.ids_key} must be a list of integers, got {ids!r}")
         d = HeadDescription(self.name, opts, self.layer_config(cfg, where), canon, ids, self.ids_convention,
                             f"{self.ids_key} {ids}" if ids is not None else "")
+        opts.sliding_window, opts.sliding_layers = head_window(d.layer_config, opts.num_layers, where)
         d.draft_vocab_size = cfg.get("draft_vocab_size")
         d.target_hidden_size = cfg.get("target_hidden_size")
         return d
+
+
+def head_window(lc: dict, num_layers: int, where: str) -> tuple[int, list[int]]:
+    """(sliding window, draft layers that use it) from the layer config, as transformers reads it: ``layer_types``
+    entries "sliding_attention" (speculators writes ``["sliding_attention"]`` with ``sliding_window`` 2048 by
+    default), or ``use_sliding_window`` true for every layer (Qwen2 style); (0, []) for full attention."""
+    types = lc.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) < num_layers:
+            raise CheckpointError(f"draft: {where} layer_types {types!r} must list the type of each of the head's "
+                                  f"{num_layers} layer(s)")
+        other = sorted({t for t in types[:num_layers] if t not in ("full_attention", "sliding_attention")})
+        if other:
+            raise CheckpointError(f"draft: {where} layer_types {other} are not supported in a draft head (only "
+                                  "full_attention and sliding_attention)")
+        layers = [i for i, t in enumerate(types[:num_layers]) if t == "sliding_attention"]
+    elif lc.get("use_sliding_window") is True:
+        layers = list(range(num_layers))
+    else:
+        return 0, []
+    if not layers:
+        return 0, []
+    window = lc.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise CheckpointError(f"draft: {where} has sliding-attention layers {layers} but sliding_window is "
+                              f"{window!r} (a positive integer is needed)")
+    return window, layers
 
 
 def check_unsupported_config(cfg: dict, where: str) -> None:

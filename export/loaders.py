@@ -397,6 +397,11 @@ def _draft_to_target(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vd: int
             )
     if vd == tv and bool((tid == torch.arange(vd)).all()):
         return None  # an all-zero d2t over the full vocabulary: identity
+    if t2d is None and not bool(d2t.any()):
+        raise CheckpointError(
+            f"draft: d2t is all zeros with draft_vocab_size {vd} < the target's vocab_size {tv} and there is no t2d: "
+            f"the draft vocabulary would be target ids 0..{vd - 1}, which is what a d2t buffer that training never "
+            "filled looks like (the mapping is missing); save the head with its vocabulary mapping")
     return tid
 
 
@@ -441,6 +446,8 @@ class LoadedDraft:
     format: str = ""  # the detected checkpoint format (export/formats.py)
     options: HeadOptions | None = None
     feature_layers_source: str | None = None
+    reading: str = "config"  # how the head was read (export/readings.py): config, or a writer's reading
+    notice: str | None = None  # the one line that says what was assumed about the writer, if anything
 
 
 def describe_draft(ckpt: DraftCheckpoint) -> tuple[HeadFormat, HeadDescription]:
@@ -497,16 +504,25 @@ def _check_hidden(desc: HeadDescription, t: dict, where: str) -> tuple[int, int,
     return hidden, th, tv
 
 
-def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list[int] | None = None) -> LoadedDraft:
+def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list[int] | None = None,
+                    reading: str = "auto") -> LoadedDraft:
     """Read a draft checkpoint, detect its format from the files, check it fits the target, build the head.
 
     feature_layers: EAGLE-3 only; inputs of the target layers the head reads (default: the checkpoint's ids,
     converted from its convention, else its format's default).
+    reading: ``--head-reading`` (export/readings.py): auto (the writer's reading where the files name the writer),
+    config, or a writer's reading forced.
     """
     from .modules import Eagle1Head, Eagle3Head
+    from .readings import apply_reading, choose_reading
 
     ckpt = read_draft_checkpoint(path)
     fmt, desc = describe_draft(ckpt)
+    chosen = choose_reading(fmt.name, ckpt.config, desc, reading)
+    apply_reading(chosen, ckpt.config, desc)
+    notice = chosen.notice()
+    if notice:
+        log.warning("%s", notice)
     opts = desc.options
     where = str(ckpt.path / "config.json")
     t = _target_dims(target.config)
@@ -560,7 +576,7 @@ def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list
         _load_weights(head, {k: v for k, v in w.items() if k not in ("d2t", "t2d")}, ("embed_tokens.", "rotary_emb."))
     head.to(dtype).eval()
     return LoadedDraft(head, ckpt, cfg, opts.kind, layers, nfeat * th, vd, d2t is None, opts.fc_bias, own,
-                       fmt.name, opts, source)
+                       fmt.name, opts, source, chosen.name, notice)
 
 
 def load_eagle1_head(path: str | Path, target: LoadedTarget):

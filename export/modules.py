@@ -45,6 +45,31 @@ def mask_bias(attention_mask: torch.Tensor, group: int) -> torch.Tensor:
     return bias.unsqueeze(1).repeat(1, 1, group, 1)
 
 
+def window_mask(attention_mask: torch.Tensor, position_ids: torch.Tensor, window: int) -> torch.Tensor:
+    """attention_mask [B, T, past + T] narrowed to keys at distance < window from their query (sliding window).
+
+    A key's position is its column for past rows and its ``position_ids`` entry for the call's own rows. The runtime
+    keeps the draft cache so that every context row's column is its position, and tree rows sit at columns at or past
+    their positions, so a column never puts a visible key further away than it is (docs/formats.md, "Sliding window").
+    """
+    bsz, seq = position_ids.shape
+    past_len = attention_mask.shape[-1] - seq
+    cols = torch.arange(past_len, dtype=position_ids.dtype).unsqueeze(0).expand(bsz, past_len)
+    key_pos = torch.cat((cols, position_ids), dim=1)
+    return attention_mask & ((position_ids.unsqueeze(-1) - key_pos.unsqueeze(1)) < window)
+
+
+def layer_biases(head: nn.Module, attention_mask: torch.Tensor, position_ids: torch.Tensor, group: int) -> list:
+    """One additive mask bias per draft layer: the full one, or the sliding-window one on the head's window layers
+    (each computed once per graph)."""
+    opts = head.opts
+    full = mask_bias(attention_mask, group)
+    if not opts.sliding_window or not opts.sliding_layers:
+        return [full] * head.num_layers
+    win = mask_bias(window_mask(attention_mask, position_ids, opts.sliding_window), group)
+    return [win if i in opts.sliding_layers else full for i in range(head.num_layers)]
+
+
 def kv_group(attn: nn.Module) -> int:
     """Query heads per KV head of a Hugging Face attention module."""
     return attn.q_proj.out_features // attn.k_proj.out_features
@@ -150,12 +175,12 @@ def _decoder_layer(config, index: int, opts, in_dim: int) -> nn.Module:
     return layer
 
 
-def _later_layers(head: nn.Module, h, rope, bias, past, shape) -> tuple[torch.Tensor, list]:
+def _later_layers(head: nn.Module, h, rope, biases: list, past, shape) -> tuple[torch.Tensor, list]:
     """Layers 1..N-1 of a multi-layer head: plain pre-norm decoder layers, each with its own K/V cache."""
     presents = []
     for i in range(1, head.num_layers):
         layer = head.layers[str(i)] if isinstance(head.layers, nn.ModuleDict) else head.layers[i]
-        a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, bias, past[2 * i],
+        a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, biases[i], past[2 * i],
                                  past[2 * i + 1], *shape, past[0].shape[1])
         h = h + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -179,6 +204,7 @@ class Eagle1Head(nn.Module):
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
         hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.opts = opts
         self.num_layers = opts.num_layers
         self.fc = nn.Linear(2 * hidden, hidden, bias=opts.fc_bias)
         layers = [_decoder_layer(config, i, opts, hidden) for i in range(opts.num_layers)]
@@ -208,11 +234,11 @@ class Eagle1Head(nn.Module):
         attn = layer.self_attn
         if rope is None:  # rope: the caller's tables for these positions (the tree graph makes its levels' once)
             rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
-        bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
+        biases = layer_biases(self, attention_mask, position_ids, kv_group(attn))
+        a, k, v = tree_attention(attn, x, rope, biases[0], past[0], past[1], *emb.shape[:2], past[0].shape[1])
         h = x + a
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-        h, presents = _later_layers(self, h, rope, bias, past, emb.shape[:2])
+        h, presents = _later_layers(self, h, rope, biases, past, emb.shape[:2])
         return (h, k, v, *presents)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -286,23 +312,26 @@ class Eagle3Head(nn.Module):
         h = torch.cat((self.fc_in(features), hidden_in), dim=1)
         layer = self.midlayer
         emb = input_embeds.to(h.dtype)
-        hn = layer.hidden_norm(h)
+        # ModelOpt's first layer normalises the hidden stream with input_layernorm before hidden_norm.
+        hn = layer.hidden_norm(layer.input_layernorm(h) if self.opts.hidden_input_norm else h)
         x = torch.cat((layer.input_layernorm(emb), hn), dim=-1)
         attn = layer.self_attn
         if rope is None:  # as in Eagle1Head
             rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
-        bias = mask_bias(attention_mask, kv_group(attn))
-        a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
+        biases = layer_biases(self, attention_mask, position_ids, kv_group(attn))
+        a, k, v = tree_attention(attn, x, rope, biases[0], past[0], past[1], *emb.shape[:2], past[0].shape[1])
         g = (hn if self.opts.norm_before_residual else h) + a
         g = g + layer.mlp(layer.post_attention_layernorm(g))
-        g, presents = _later_layers(self, g, rope, bias, past, emb.shape[:2])
+        g, presents = _later_layers(self, g, rope, biases, past, emb.shape[:2])
         if self.opts.norm_output:
             g = self.norm(g)
         return (g, k, v, *presents)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head(norm(g)); with norm_output the fed-back state already is norm(g)."""
-        return self.lm_head(hidden if self.opts.norm_output else self.norm(hidden)).float()
+        """lm_head(norm(g)); with norm_output the fed-back state already is norm(g); without final_norm (SpecForge
+        0.2.0's norm_output false) lm_head(g)."""
+        plain = self.opts.norm_output or not self.opts.final_norm
+        return self.lm_head(hidden if plain else self.norm(hidden)).float()
 
     def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> target-vocabulary ids (draft_id + d2t[draft_id], precomputed)."""

@@ -160,11 +160,22 @@ class EagleOracle:
             emb, feats = self.head.embed_layernorm(emb), self.head.hidden_layernorm(feats)
         x = self.head.fc(torch.cat((emb, feats), dim=-1))
         pos = torch.arange(n)[None]
-        mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
+        masks = self._masks(n, x.dtype)
         pos_emb = self.head.rotary_emb(x, pos)
-        for layer in self.head.layers:  # layer 0's input norm is the identity; later ones are plain layers
-            x = layer(x, attention_mask=mask, position_embeddings=pos_emb)
+        for i, layer in enumerate(self.head.layers):  # layer 0's input norm is the identity; later ones plain
+            x = layer(x, attention_mask=masks[i], position_embeddings=pos_emb)
         return x[0]
+
+    def _masks(self, n: int, dtype) -> list[torch.Tensor]:
+        """Per draft layer, the additive causal mask over positions 0..n-1, narrowed to the head's sliding window on
+        its window layers."""
+        opts = self.head.opts
+        causal = torch.full((n, n), torch.finfo(dtype).min).triu(1)[None, None]
+        if not opts.sliding_window:
+            return [causal] * opts.num_layers
+        far = torch.arange(n)[:, None] - torch.arange(n)[None, :] >= opts.sliding_window
+        win = causal.masked_fill(far, torch.finfo(dtype).min)
+        return [win if i in opts.sliding_layers else causal for i in range(opts.num_layers)]
 
     def _eagle3_hidden(self, feats: torch.Tensor, tokens: list[int], fed: torch.Tensor | None) -> torch.Tensor:
         """EAGLE-3 as the reference (SafeAILab EAGLE) has it: h = fc(features) for context rows, the fed-back g as is;
@@ -181,21 +192,23 @@ class EagleOracle:
             h = torch.cat((h, fed))
         n = len(tokens)
         emb = self.head.embed_tokens(torch.tensor(tokens)).to(h.dtype)
-        x = torch.cat((layer.input_layernorm(emb), layer.hidden_norm(h)), dim=-1)[None]
-        mask = torch.full((n, n), torch.finfo(x.dtype).min).triu(1)[None, None]
+        hn = layer.hidden_norm(layer.input_layernorm(h) if opts.hidden_input_norm else h)  # ModelOpt: both norms
+        x = torch.cat((layer.input_layernorm(emb), hn), dim=-1)[None]
+        masks = self._masks(n, x.dtype)
         pos_emb = self.head.rotary_emb(h[None], torch.arange(n)[None])
-        a = layer.self_attn(hidden_states=x, position_embeddings=pos_emb, attention_mask=mask)[0][0]
-        g = (layer.hidden_norm(h) if opts.norm_before_residual else h) + a
+        a = layer.self_attn(hidden_states=x, position_embeddings=pos_emb, attention_mask=masks[0])[0][0]
+        g = (hn if opts.norm_before_residual else h) + a
         g = g + layer.mlp(layer.post_attention_layernorm(g))
         for i in range(1, opts.num_layers):  # later layers: plain pre-norm decoder layers
-            g = self.head.layers[str(i)](g[None], attention_mask=mask, position_embeddings=pos_emb)[0]
+            g = self.head.layers[str(i)](g[None], attention_mask=masks[i], position_embeddings=pos_emb)[0]
         return self.head.norm(g) if opts.norm_output else g  # EAGLE-3.1 feeds norm(g) back
 
     @torch.no_grad()
     def head_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Log-probs over the draft vocabulary (EAGLE-3: lm_head(norm(g)); EAGLE-1/2: the target's lm_head)."""
         if self.variant == "eagle3":
-            normed = hidden if self.head.opts.norm_output else self.head.norm(hidden)  # norm_output: already normed
+            opts = self.head.opts  # norm_output: already normed; no final_norm (SpecForge 0.2.0): lm_head(g)
+            normed = hidden if opts.norm_output or not opts.final_norm else self.head.norm(hidden)
             return torch.log_softmax(self.head.lm_head(normed).float(), dim=-1)
         if getattr(self.head, "lm_head_layernorm", None) is not None:  # HASS
             hidden = self.head.lm_head_layernorm(hidden)

@@ -75,6 +75,12 @@ class DocHead:
         # norm_before_residual: vLLM reads an absent key as true in a speculators config (section 4).
         self.norm_before_residual = flag("norm_before_residual", fmt == "speculators-eagle3")
         self.norm_output = flag("norm_output") or flag("return_hidden_post_norm")
+        # ModelOpt's forward normalises the hidden stream with layers.0.input_layernorm before hidden_norm (section
+        # 8b: what the writer trained; export/readings.py applies it by default).
+        self.hidden_input_norm = fmt == "modelopt-eagle3"
+        # speculators: the head's own sliding window (layer_types / sliding_window), in the layers it names.
+        types = self.lc.get("layer_types") or []
+        self.window = {i: self.lc["sliding_window"] for i, t in enumerate(types) if t == "sliding_attention"}
 
     def key(self, layer: int, name: str) -> str:
         """The format's tensor name for ``name`` of draft layer ``layer`` (sections 1-5)."""
@@ -109,6 +115,8 @@ class DocHead:
         k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
         s = torch.einsum("thd,shd->hts", q, k) / hd**0.5
         s = s.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+        if layer in self.window:  # keys at distance >= window are not seen
+            s = s.masked_fill((pos[:, None] - pos[None, :]) >= self.window[layer], float("-inf"))
         a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, nh * hd)
         return a @ w[self.key(layer, "self_attn.o_proj.weight")].T
 
@@ -148,7 +156,8 @@ class DocHead:
             g = self.later_layers(self.mlp_block(0, z + self.attention(0, z, pos)), pos)  # layer 0: no input norm
             out = rms(g, w["lm_head_layernorm.weight"], eps) if "lm_head_layernorm.weight" in w else g
             return g, torch.log_softmax(out @ self.target_lm_head.T, -1)
-        hn = rms(h, w[self.key(0, "hidden_norm")], eps)
+        hin = rms(h, w[self.key(0, "input_layernorm")], eps) if self.hidden_input_norm else h
+        hn = rms(hin, w[self.key(0, "hidden_norm")], eps)
         u = torch.cat([rms(e, w[self.key(0, "input_layernorm")], eps), hn], -1)
         r = hn if self.norm_before_residual else h
         g = self.later_layers(self.mlp_block(0, r + self.attention(0, u, pos)), pos)

@@ -516,11 +516,13 @@ class ValidationReport:
     tie_gap: float  # logit / log-prob gap below which a first difference is a tie
     embedding: EmbeddingReport | None = None
     seconds: float = 0.0
+    library: object | None = None  # against_library.LibraryCheck, with --against-library
 
     @property
     def passed(self) -> bool:
         return (all(g.passed for g in self.graphs.values()) and self.greedy.passed and self.eagle.passed
-                and (self.embedding is None or self.embedding.passed))
+                and (self.embedding is None or self.embedding.passed)
+                and (self.library is None or self.library.passed))
 
     def to_dict(self) -> dict:
         return {
@@ -533,6 +535,7 @@ class ValidationReport:
             "greedy_vs_transformers": self.greedy.to_dict(),
             "eagle_vs_oracle": {**self.eagle.to_dict(), "tree": self.tree},
             "tie_gap": self.tie_gap, "seconds": round(self.seconds, 2),
+            "against_library": None if self.library is None else self.library.to_dict(),
         }
 
     def format(self) -> str:
@@ -561,6 +564,8 @@ class ValidationReport:
                          f"reference's embed_tokens at {self.dtype}, exact: {e.mismatched_rows} differ, worst abs "
                          f"{e.max_abs:.2e})")
             lines.append("")
+        if self.library is not None:
+            lines += [self.library.format(), ""]
         for r, title in ((self.greedy, "greedy tokens vs transformers generate"),
                          (self.eagle, f"EAGLE rounds vs PyTorch oracle (tree {self.tree})")):
             if r.skipped:
@@ -896,7 +901,8 @@ def _check_sources(m: Manifest, target, draft) -> None:
 
 def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_new_tokens: int = 32,
              target: str | Path | None = None, draft: str | Path | None = None, seed: int = 0,
-             threads: int | None = None, log=None, prompt_specs=None) -> ValidationReport:
+             threads: int | None = None, log=None, prompt_specs=None, against_library: bool = False
+             ) -> ValidationReport:
     """Run every check; user errors raise EagleExportError, a failed check is ``report.passed == False``.
 
     prompt_specs: the end-to-end checks' prompts (``eagle_export.prompts.PromptSpec``s, e.g. from a prompts
@@ -904,6 +910,9 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
 
     threads: intra-op threads for PyTorch and the runtime's ONNX Runtime sessions (None: their
     defaults). Tiny models run fastest with 1: their forwards are too small to split.
+
+    against_library: also compare the draft graph with the forward of the library that wrote the head
+    (``against_library.py``; skipped with the reason when it is not installed).
     """
     if threads is not None and threads < 1:
         raise EagleExportError(f"--threads must be >= 1, got {threads}")
@@ -911,13 +920,14 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log, prompt_specs)
+        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log, prompt_specs,
+                         against_library)
     finally:
         torch.set_num_threads(before)
 
 
 def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
-              prompt_specs=None) -> ValidationReport:
+              prompt_specs=None, against_library: bool = False) -> ValidationReport:
     from eagle_export.errors import CheckpointError
     from eagle_export.export.draft_tree import DraftTree
     from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
@@ -958,7 +968,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
     tgt = load_target(sources["target"], dtype=torch.float32, progress=False)
     eagle3 = m.variant == "eagle3"
     try:
-        d = load_draft_head(sources["draft"], tgt, m.target.feature_layers if eagle3 else None)
+        d = load_draft_head(sources["draft"], tgt, m.target.feature_layers if eagle3 else None, m.draft.reading)
     except CheckpointError:
         # An EAGLE-1/2 checkpoint given for an EAGLE-3 artifact fails on feature_layers: say what is wrong.
         if eagle3 and detect_variant(read_draft_checkpoint(sources["draft"])) != "eagle3":
@@ -996,6 +1006,14 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
                                                  # its own random source: the prompts below stay the seed's
                                                  tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding),
                                                  None, runner_cls)
+    library = None
+    if against_library:
+        from .against_library import check_against_library
+
+        log("comparing draft_step with the forward of the library that wrote the head")
+        dtt = getattr(head, "draft_to_target", None)
+        library = check_against_library(directory, m, sources["draft"], rt.generator.embedding,
+                                        None if dtt is None else dtt.numpy(), seed, target_dir=sources["target"])
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS],
                 *([graphs[C.TARGET_FUSED_GRAPH].outputs[C.LOGITS]] if C.TARGET_FUSED_GRAPH in graphs else []))
@@ -1012,7 +1030,7 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
     return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
                             m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap, embedding,
-                            seconds=time.perf_counter() - t0)
+                            seconds=time.perf_counter() - t0, library=library)
 
 
 def _target_logprobs(head, hidden: torch.Tensor, m: Manifest) -> torch.Tensor:
