@@ -34,8 +34,8 @@ from eagle_export.serve.protocol import error_body
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
-_GONE = ("the replica serving this request stopped before it finished (no tokens are lost on a retry: with a seed "
-         "or greedy decoding the retried request returns the same tokens); retry")
+_GONE = ("the replica serving this request stopped before it finished; retry (with a seed, or greedy decoding, the "
+         "same tokens come back)")
 _SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "headers",
                "client", "server")
 
