@@ -206,7 +206,7 @@ def test_ray_serve_replicas_lossless_a_killed_replica_answers_openai_errors_and_
         while _processes_under(ray_tmp) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = _processes_under(ray_tmp)
-        assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left]
+        assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200].rstrip(b"\0") for p in left]
         print(f"seconds: Ray and the deployment up {t_up - t_start:.0f}, lossless checks {t_kill - t_up:.0f}, "
               f"the kill {t_term - t_kill:.0f}, SIGTERM to no process {time.monotonic() - t_term:.0f}")
     finally:
