@@ -39,11 +39,8 @@ _GONE = ("the replica serving this request stopped before it finished; retry (wi
 _SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_path", "query_string", "headers",
                "client", "server")
 
-try:  # Ray >= 2.9: a replica that cannot be reached at the moment (not known dead yet)
-    from ray.exceptions import ActorUnavailableError
-    _REPLICA_GONE: tuple[type[BaseException], ...] = (RayActorError, ActorUnavailableError)
-except ImportError:  # pragma: no cover
-    _REPLICA_GONE = (RayActorError,)
+# a replica that died (ActorDiedError) or cannot be reached now (ActorUnavailableError): both are RayActorErrors
+_REPLICA_GONE = RayActorError
 
 
 class EagleReplica:
@@ -120,6 +117,9 @@ class EagleIngress:
             log.exception("the replica call failed")
             return JSONResponse(error_body("internal error (the server's log has the details)", "server_error"),
                                 status_code=500)
+        except BaseException:  # cancelled (the client went away): so is the replica's work
+            gen.cancel()
+            raise
         return _Relay(start, gen)
 
     async def _body(self, request: Request) -> bytes:

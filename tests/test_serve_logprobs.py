@@ -18,6 +18,8 @@ import pytest
 import torch
 from live_server import LiveServer, sse_events
 from openai import OpenAI
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from transformers import AutoModelForCausalLM
 
 from eagle_export.runtime import EagleRuntime
@@ -155,6 +157,15 @@ def test_chat_logprobs_whole_and_streamed(server, reference):
     bare = client.chat.completions.create(messages=msgs, logprobs=True, **GREEDY).choices[0].logprobs.content
     assert [e.logprob for e in bare] == [e.logprob for e in content] and all(e.top_logprobs == [] for e in bare)
     assert client.chat.completions.create(messages=msgs, **GREEDY).choices[0].logprobs is None
+    # the raw bodies against the client's own types, validated (the client itself builds them without checking)
+    with server.client() as h:
+        body = {"model": MODEL, "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+        ChatCompletion.model_validate(h.post("/v1/chat/completions", json={**body, "messages": msgs}).json())
+        with h.stream("POST", "/v1/chat/completions", json={**body, "messages": msgs, "stream": True}) as r:
+            for e in sse_events(r.iter_lines())[:-1]:
+                ChatCompletionChunk.model_validate(e)
+        Completion.model_validate(h.post("/v1/completions", json={
+            "model": MODEL, "max_tokens": 8, "temperature": 0, "logprobs": 2, "prompt": "hi"}).json())
 
 
 def test_logprobs_with_n_and_bad_values(server, reference):
