@@ -9,9 +9,9 @@ One Ray start serves three checks:
 - SIGTERM stops the command and leaves no process of its Ray instance (issue 26, item 10).
 
 Ray's Unix socket paths must fit in 107 bytes, which pytest's temporary folders overflow: the instance lives under a
-short RAY_TMPDIR in /tmp. About 60-90 s on 2 cores (Ray's processes, two runtimes, a replica restart, and Ray
-Serve's shutdown), so the test is marked ``slow``; run it with ``-m slow`` (the default run deselects nothing:
-``-m "not slow"`` leaves it out).
+short RAY_TMPDIR in /tmp. About 2-5 min on a shared 2-core machine (Ray's processes and two runtimes take most of
+it), so the test is marked ``slow``: the default run leaves it out (pyproject.toml's ``addopts``), ``pytest -m slow``
+runs it.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_ray_serve_replicas_lossless_a_killed_replica_answers_openai_errors_and_
     t_start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 480  # 75-180 s on a shared 2-core machine
         while True:  # the command prints its address once the deployment runs
             line = proc.stderr.readline()
             assert line or proc.poll() is None, "the command exited"
