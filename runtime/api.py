@@ -41,6 +41,7 @@ from .backend import Backend
 from .chat import chat_prompt_ids
 from .embedding import TokenEmbedding
 from .generator import GenerationResult, Generator
+from .logprobs import check_top
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
 from .stream_text import StreamChunk
@@ -274,17 +275,24 @@ class EagleRuntime:
     def submit(self, prompt: str | None = None, *, prompt_ids: Sequence[int] | None = None,
                messages: list[dict[str, Any]] | None = None, max_new_tokens: int = 64, tree: TreeParams | None = None,
                use_draft: bool = True, stop_on_eos: bool = True,
-               sampling: SamplingParams | None = None) -> RequestStream:
+               sampling: SamplingParams | None = None, logprobs: int | None = None) -> RequestStream:
         """Queue one generation for the batched scheduler (thread-safe) and return its stream at once.
 
         Arguments as ``generate`` (no ``on_round``). The request joins the running batch at the next round
         boundary, when a slot is free. Its errors (a bad prompt, bad settings) fail this stream alone: they are
         raised when it is iterated or waited on. With max_batch 1 the scheduler serves one sequence at a time.
         Consume the stream with ``for``, ``chunks()``, ``wait()``, or in asyncio with ``async for``, ``achunks()``,
-        ``await stream.aresult()``."""
+        ``await stream.aresult()``.
+
+        logprobs: None (no cost), or N in [0, 20]: ``stream.logprobs`` gets each committed token's log-probability
+        under the target's raw distribution (the verify step's logits, before temperature and top-p) and its N
+        most likely alternatives (runtime/logprobs.py)."""
         def make():
             ids = self._resolve_prompt(prompt, prompt_ids, messages)
-            return sched.gen.check(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling)
+            req = sched.gen.check(ids, max_new_tokens, tree, use_draft, stop_on_eos, sampling)
+            if logprobs is not None:
+                req.logprobs = check_top(logprobs)
+            return req
 
         sched = self._batched()
         return sched.submit(make, RequestStream(self._decode))

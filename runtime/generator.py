@@ -48,6 +48,7 @@ from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
 from .kv_cache import FusedKVCache, KVCache
+from .logprobs import token_logprobs
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
 from .tree import Frontier, TreeGrower, VerifyTree
@@ -456,6 +457,8 @@ class Generator:
             raise
         stats.prefill_s = time.perf_counter() - s.t_join
         new, reason = s.stop.emit([s.root])
+        if req.logprobs is not None and new:
+            self._logprobs(s, [0], new)
         sink.push(new)
         if reason is not None:
             self._release_grower(s)
@@ -731,6 +734,8 @@ class Generator:
             self.tcache.write_rows(b * self.tplan.stride + s.L, rows, src=r0)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
         new, s.reason = s.stop.emit(s.tokens)
+        if s.req.logprobs is not None and new:
+            self._logprobs(s, r0 + acc.indices, new)
         if new:
             s.sink.push(new)
 
@@ -745,8 +750,19 @@ class Generator:
             self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
         s.tokens = [tok]
         new, s.reason = s.stop.emit(s.tokens)
+        if s.req.logprobs is not None and new:
+            self._logprobs(s, [r0], new)
         if new:
             s.sink.push(new)
+
+    def _logprobs(self, s: Slot, rows, new: list[int]) -> None:
+        """Only for a request that asked (``Request.logprobs``), before its tokens are pushed: the kept tokens'
+        log-probabilities under the target's raw distribution, from the logits rows that produced them (``rows``,
+        in token order: the verify rows of the accepted path, root first), to ``sink.push_logprobs``."""
+        rows = np.asarray(rows[:len(new)], dtype=np.int64)
+        lo = int(rows.min())
+        block = self._rows_np("logits", lo, int(rows.max()) + 1)
+        s.sink.push_logprobs(token_logprobs(block[rows - lo], new, s.req.logprobs))
 
     def _room(self, b: int, L: int) -> int:
         """Target rows slot b may write after its L committed rows: up to the next slot's region (the last active

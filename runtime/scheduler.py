@@ -20,6 +20,7 @@ from eagle_export.errors import GenerationError
 
 from . import stream_text
 from .generator import GenerationResult, Generator
+from .logprobs import TokenLogprob
 from .slots import Request
 from .stream_text import StreamChunk
 
@@ -39,6 +40,9 @@ class RequestStream:
 
     ``result`` is None until the request ends, then its ``GenerationResult`` (tokens, text, finish reason, stats).
     An error of this request is raised from the iteration (or from ``wait``), in the consumer's thread.
+
+    ``logprobs`` (a request submitted with ``logprobs=N``): one ``TokenLogprob`` per committed token, in order,
+    each appended before its round's tokens are handed over (so a consumer holding k tokens finds k entries).
     """
 
     def __init__(self, decode: Callable[[list[int]], str | None] | None = None):
@@ -52,6 +56,7 @@ class RequestStream:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.cancelled = False  # set by ``cancel``; the scheduler reads it at round boundaries
+        self.logprobs: list[TokenLogprob] = []  # filled only for a request submitted with logprobs=N
 
     def cancel(self) -> None:
         """Ask the scheduler to drop this request at the next round boundary (thread-safe; a no-op once it ended).
@@ -63,6 +68,9 @@ class RequestStream:
     # called from the scheduler thread
     def push(self, tokens: list[int]) -> None:
         self._put(tokens)
+
+    def push_logprobs(self, entries: list[TokenLogprob]) -> None:
+        self.logprobs.extend(entries)
 
     def finish(self, result: GenerationResult) -> None:
         if self._decode is not None:

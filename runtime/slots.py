@@ -123,6 +123,7 @@ class Request:
     sampling: SamplingParams | None  # None: greedy
     rng: np.random.Generator | None = None
     on_round: object | None = None  # trace hook: called with (VerifyTree, Accepted) after each verify round
+    logprobs: int | None = None  # None: none (no cost); N: each kept token's log-prob and N alternatives to the sink
 
 
 def check_max_new(max_new_tokens) -> int:

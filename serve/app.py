@@ -33,6 +33,7 @@ from eagle_export.errors import EagleExportError
 from .choices import ChoiceText
 from .drain import Drain, ShuttingDown
 from .engine import PromptTooLong, QueueFull, RequestTimeout, ServeEngine
+from .logprobs import chat_logprobs, completion_logprobs, text_length
 from .metrics import CONTENT_TYPE
 from .middleware import ApiKey, ReadBody, json_error
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body, validation_message
@@ -163,8 +164,8 @@ async def _generate(engine: ServeEngine, drain: Drain, body, request: Request, e
             "chat.completion" if chat else "text_completion", "created": int(time.time()), "model": engine.model_name}
     if body.stream:
         usage = body.stream_options is not None and body.stream_options.include_usage
-        return _CancellingStream(job, drain, _sse(engine, job, choices, head, chat, usage, deadline, endpoint),
-                                 media_type="text/event-stream")
+        return _CancellingStream(job, drain, _sse(engine, job, choices, head, chat, usage, deadline, endpoint,
+                                                  body.top_logprobs_asked()), media_type="text/event-stream")
     try:
         async for _ in _rounds(job, choices, deadline, request):
             pass
@@ -191,7 +192,10 @@ async def _generate(engine: ServeEngine, drain: Drain, body, request: Request, e
         drain.discard(job)
     m.request(endpoint, "ok")
     out = dict(head)
-    out["choices"] = [_choice(i, c, c.text, chat, whole=True) for i, c in enumerate(choices)]
+    want = body.top_logprobs_asked()
+    out["choices"] = [_choice(i, c, c.text, chat, whole=True,
+                              logprobs=None if want is None else _logprobs(engine, job, i, 0, len(c.tokens), chat))
+                      for i, c in enumerate(choices)]
     out["usage"] = _usage(job, choices)
     out["eagle"] = _eagle(job, choices)
     m.e2e.labels(endpoint).observe(time.perf_counter() - t0)
@@ -217,7 +221,8 @@ def _start(engine: ServeEngine, body, chat: bool, endpoint: str, t0: float):
         return engine.submit(ids, n=body.n, max_new_tokens=max_new, tree=tree,
                              use_draft=tree is not None, stop_on_eos=not (opts is not None and opts.ignore_eos),
                              temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                             per_round=body.stream or bool(body.stop_strings()), endpoint=endpoint, t0=t0)
+                             per_round=body.stream or bool(body.stop_strings()), endpoint=endpoint, t0=t0,
+                             logprobs=body.top_logprobs_asked())
     except QueueFull as e:
         raise ApiError(429, str(e), type_="rate_limit_error", code="queue_full",
                        headers={"retry-after": str(RETRY_AFTER_S)}) from None
@@ -272,10 +277,11 @@ async def _rounds(job, choices: list[ChoiceText], deadline: float, request: Requ
 
 
 async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage: bool, deadline: float,
-               endpoint: str) -> AsyncIterator[str]:
+               endpoint: str, want_logprobs: int | None = None) -> AsyncIterator[str]:
     """Server-sent events: one chunk per committed round per choice (tokens and text delta), a closing chunk per
     choice with its finish reason (the last of them with ``eagle``), then the usage chunk (if asked: empty
-    ``choices``, ``usage`` and ``eagle``), then ``[DONE]``."""
+    ``choices``, ``usage`` and ``eagle``), then ``[DONE]``. With log-probabilities, a chunk's are those of its
+    ``token_ids`` (null when it has none)."""
     m = engine.metrics
 
     def event(choice_list: list, **extra) -> str:
@@ -292,17 +298,22 @@ async def _sse(engine: ServeEngine, job, choices, head: dict, chat: bool, usage:
     status = "ok"
     try:
         sent = [0] * len(choices)
+        offsets = [0] * len(choices)  # completions' text_offset: characters of the tokens sent so far
         closed = [False] * len(choices)
         async for i, delta in _rounds(job, choices, deadline):
             c = choices[i]
             if closed[i]:  # a round that landed between a stop string and its cancellation
                 continue
             new = c.tokens[sent[i]:]
+            lp = None
+            if want_logprobs is not None and new:
+                lp = _logprobs(engine, job, i, sent[i], len(c.tokens), chat, offsets[i])
+                offsets[i] += text_length(job.streams[i].logprobs[sent[i]:len(c.tokens)], engine.token_text)
             sent[i] = len(c.tokens)
             closed[i] = c.finish_reason is not None
             if delta or new or closed[i]:
                 extra = {"eagle": _eagle(job, choices)} if all(closed) and not usage else {}
-                yield event([_choice(i, c, delta, chat, whole=False, token_ids=new)], **extra)
+                yield event([_choice(i, c, delta, chat, whole=False, token_ids=new, logprobs=lp)], **extra)
         if usage:
             yield event([], usage=_usage(job, choices), eagle=_eagle(job, choices))
     except RequestTimeout:
@@ -354,7 +365,16 @@ class _CancellingStream(StreamingResponse):
                 await aclose()
 
 
-def _choice(i: int, c: ChoiceText, text: str, chat: bool, whole: bool, token_ids: list[int] | None = None) -> dict:
+def _logprobs(engine: ServeEngine, job, i: int, start: int, end: int, chat: bool, offset: int = 0) -> dict:
+    """OpenAI's logprobs object for tokens [start, end) of choice i (the runtime's entries, one per token)."""
+    entries = job.streams[i].logprobs[start:end]
+    if chat:
+        return chat_logprobs(entries, engine.token_text)
+    return completion_logprobs(entries, engine.token_text, offset)
+
+
+def _choice(i: int, c: ChoiceText, text: str, chat: bool, whole: bool, token_ids: list[int] | None = None,
+            logprobs: dict | None = None) -> dict:
     out: dict = {"index": i}
     if chat and whole:
         out["message"] = {"role": "assistant", "content": text}
@@ -362,7 +382,7 @@ def _choice(i: int, c: ChoiceText, text: str, chat: bool, whole: bool, token_ids
         out["delta"] = {"content": text} if text or c.finish_reason is None else {}
     else:
         out["text"] = text
-    out["logprobs"] = None
+    out["logprobs"] = logprobs
     out["finish_reason"] = c.finish_reason
     out["token_ids"] = list(c.tokens) if whole else list(token_ids or [])
     return out

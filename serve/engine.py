@@ -97,6 +97,7 @@ class ServeEngine:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._active = 0  # sequences in the last batched round
+        self._token_texts: dict[int, str] = {}  # token_text's cache
         rt.scheduler.on_round = self._on_round
 
     @classmethod
@@ -109,6 +110,17 @@ class ServeEngine:
 
     def close(self) -> None:
         self.rt.close()
+
+    def token_text(self, token: int) -> str:
+        """One token's own text (special tokens included), as log-probabilities name it; ``token_id:N`` without a
+        tokenizer."""
+        text = self._token_texts.get(token)
+        if text is None:
+            tok = self.rt.tokenizer
+            text = tok.decode([token], skip_special_tokens=False) if tok is not None else f"token_id:{token}"
+            if len(self._token_texts) < 1 << 16:
+                self._token_texts[token] = text
+        return text
 
     def public(self, message: str) -> str:
         """A runtime message fit for a client: the artifact's path on this server becomes the model's name."""
@@ -142,11 +154,12 @@ class ServeEngine:
     # ---- admission and submission -------------------------------------------------------------
     def submit(self, ids: list[int], *, n: int, max_new_tokens: int, tree: TreeParams | None, use_draft: bool,
                stop_on_eos: bool, temperature: float, top_p: float, seed: int | None, per_round: bool = True,
-               endpoint: str = "/v1/completions", t0: float | None = None) -> Job:
+               endpoint: str = "/v1/completions", t0: float | None = None, logprobs: int | None = None) -> Job:
         """Admit n choices (or raise QueueFull), submit them, and start their pumps. A request the runtime refuses
         (capacity, ids, settings) raises its GenerationError here, before any response is sent. per_round: hand
         over every committed round (streaming, stop strings); False: only each choice's end, so the scheduler
-        thread is not woken up for a consumer thread every round."""
+        thread is not woken up for a consumer thread every round. logprobs: None, or N alternatives per token (each
+        stream's ``logprobs`` then holds one entry per committed token)."""
         sampling = SamplingParams(float(temperature), float(top_p), 0, seed).validate()
         if sampling.is_greedy:
             samplings, seeds = [None] * n, [None] * n
@@ -167,7 +180,8 @@ class ServeEngine:
         try:
             for sp in samplings:
                 streams.append(self.rt.submit(prompt_ids=ids, max_new_tokens=max_new_tokens, tree=tree,
-                                              use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sp))
+                                              use_draft=use_draft, stop_on_eos=stop_on_eos, sampling=sp,
+                                              logprobs=logprobs))
             bad = next((s.error for s in streams if s.error is not None), None)
             if bad is not None:
                 raise bad

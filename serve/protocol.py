@@ -22,6 +22,8 @@ from pydantic import (
     field_validator,
 )
 
+from eagle_export.runtime.logprobs import MAX_TOP_LOGPROBS
+
 # OpenAI's own bounds (temperature 0..2, n and stop lists); the runtime checks the rest (tree limits, capacity).
 MAX_N = 16
 MAX_STOP = 4
@@ -96,23 +98,20 @@ class _Generation(_Strict):
         return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
 
-_NO_LOGPROBS = ("not supported by this server yet (only null, or false on chat): the runtime does not hand the "
-                "target's verify distribution to the server")
+# top alternatives per token (OpenAI caps chat's top_logprobs at 20 and the legacy logprobs at 5; both take 20 here)
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
 class CompletionRequest(_Generation):
     """POST /v1/completions: ``prompt`` is text, or token ids (a list of integers)."""
 
     prompt: Text | Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
-    # an integer, even 0 (the chosen tokens' own log-probabilities), asks for what this server cannot give yet
-    logprobs: StrictInt | None = None
+    # N (0 included): each generated token's log-probability and its N most likely alternatives
+    logprobs: TopLogprobs | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        if v is not None:
-            raise ValueError(_NO_LOGPROBS)
-        return v
+    def top_logprobs_asked(self) -> int | None:
+        """None: no log-probabilities; N: with N alternatives per token."""
+        return self.logprobs
 
 
 class TextPart(_Strict):
@@ -137,14 +136,18 @@ class ChatCompletionRequest(_Generation):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
+    top_logprobs: TopLogprobs | None = None
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, v):
-        if v is not None and v is not False:
-            raise ValueError(_NO_LOGPROBS)
+    def _with_logprobs(cls, v, info: ValidationInfo):
+        if v is not None and not info.data.get("logprobs"):  # OpenAI answers 400 too
+            raise ValueError("only allowed when logprobs is true")
         return v
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no log-probabilities; N: with N alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
