@@ -123,6 +123,9 @@ class Request:
     sampling: SamplingParams | None  # None: greedy
     rng: np.random.Generator | None = None
     on_round: object | None = None  # trace hook: called with (VerifyTree, Accepted) after each verify round
+    # The tree came from the artifact (no explicit tree): rounds follow its per-batch table (manifest batch_trees)
+    # where it has one; ``tree`` is then the default tree the request starts from.
+    tuned: bool = False
 
 
 def check_max_new(max_new_tokens) -> int:
