@@ -145,3 +145,33 @@ def test_draft_cache_catches_up_after_plain_rounds(tabled):
             torch.testing.assert_close(a[:n], b[:n], rtol=1e-4, atol=1e-5)
         if L == L_ref:
             assert (ctx == ctx_ref).all()
+
+
+def test_tune_writes_the_table_and_bench_reports_it(models, tmp_path):
+    """tune's per-batch stage measures each candidate against batched no-draft and writes N's row (the best
+    candidate, or no draft below 1x); bench --concurrency then reports EAGLE as tuned beside plain batching."""
+    from eagle_export.tools.commands.bench_concurrency import bench_concurrency
+    from eagle_export.tools.commands.tune import TuneError, tune, write_winner
+
+    _, _, src = models("mha", max_batch=B)
+    art = tmp_path / "art"
+    shutil.copytree(src, art)
+    with pytest.raises(TuneError, match="--batch-sizes 8 is above the artifact's --max-batch 4"):
+        tune(art, batch_sizes="2,8")
+    report = tune(art, top_k="1", depth="1", total_tokens="1,2", max_new_tokens=6, threads=1, refine=False,
+                  batch_sizes="auto", batch_requests=2)
+    assert [row.active for row in report.batch] == [2, 4]
+    for row in report.batch:
+        assert sorted(c.tree.total_tokens for c in row.candidates) == [1, 2]  # the ladder: one tree per size
+        best = max(row.candidates, key=lambda c: c.speedup)
+        assert row.choice.tree == (best.tree if best.speedup >= 1 else None)
+    write_winner(art, report)
+    table = load_manifest(art).batch_trees
+    assert table == report.batch_table and [r.active for r in table.rows] == [1, 2, 4]
+    assert "batch_trees: N>=1" in report.format()
+
+    out = bench_concurrency(art, concurrency=[2], requests=2, max_new_tokens=6, threads=1)
+    (level,) = out.levels
+    assert level.lossless and level.tuned is not None and level.tuned.tokens == 12
+    assert out.to_dict()["aggregate"]["throughput_tokens_per_s"]["tuned"] == level.tuned.throughput
+    assert "EAGLE as tuned" in out.format()
