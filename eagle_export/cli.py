@@ -429,8 +429,10 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
                    "artifact's --max-batch). Sizes >= 2 add a batched stage and the manifest's batch_trees table.")
 @click.option("--batch-requests", type=click.IntRange(min=1), default=None,
               help="Requests per batched pass [default: 2 x N, at least the prompts].")
+@click.option("--batch-repeats", type=click.IntRange(min=1), default=None,
+              help="Pass pairs per candidate and N in the batched stage [default: --repeats].")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests) -> None:
+             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -450,7 +452,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     log = None if as_json else (lambda msg: click.echo(f"[tune] {msg}", err=True))
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
-                  refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests)
+                  refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
+                  batch_repeats=batch_repeats)
     lossy = bool(report.lossy) or not report.batch_lossless
     written = False
     if not dry_run and not lossy:

@@ -293,13 +293,14 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          top_k: ValuesArg | None = None, depth: ValuesArg | None = None, total_tokens: ValuesArg | None = None,
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
-         batch_candidates: int = 6, batch_requests: int | None = None) -> TuneReport:
+         batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
     batch_sizes: numbers of concurrent sequences for the per-batch stage ('1,2,4', ints, or 'auto': 1, 2, 4, ...
     up to the artifact's --max-batch; None: no such stage); batch_candidates: tree sizes measured there, at most;
-    batch_requests: requests per batched pass (default 2 N, at least the prompts).
+    batch_requests: requests per batched pass (default 2 N, at least the prompts); batch_repeats: pass pairs per
+    candidate and N (default: repeats).
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
@@ -365,7 +366,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     if sizes and cands:
         say(f"per-batch stage: N = {', '.join(map(str, sizes))}; {len(cands)} tree sizes and no draft at each")
         report.batch = tune_batch(artifact, sizes=sizes, candidates=cands, prompts=specs,
-                                  max_new_tokens=max_new_tokens, backend=backend, threads=threads, repeats=repeats,
+                                  max_new_tokens=max_new_tokens, backend=backend, threads=threads,
+                                  repeats=batch_repeats or repeats,
                                   requests=batch_requests, log=say)
     return report
 
