@@ -151,13 +151,13 @@ class ConcurrencyReport:
         base = self.levels[0].eagle.throughput if self.levels and self.levels[0].concurrency == 1 else None
         tuned = [lv for lv in self.levels if lv.tuned is not None]
         if tuned:
-            lines[1:1] = ["EAGLE as tuned (the artifact's batch_trees picks each round's tree from the active count) "
-                          "beside batched plain decoding:", "",
+            lines[1:1] = ["", "EAGLE as tuned (the artifact's batch_trees picks each round's tree from the active "
+                          "count) beside batched plain decoding:", "",
                           f"{'N':>3}  {'tuned tok/s':>11}  {'no-draft tok/s':>14}  {'tuned/no-draft':>14}  "
-                          f"{'fixed-tree tok/s':>16}  {'tau':>5}  {'seq/round':>9}", ""]
+                          f"{'fixed-tree tok/s':>16}  {'tau':>5}  {'seq/round':>9}"]
             for k, lv in enumerate(tuned):
                 t, n = lv.tuned, lv.no_draft
-                lines.insert(4 + k, f"{lv.concurrency:>3}  {t.throughput:>11.1f}  {n.throughput:>14.1f}  "
+                lines.insert(5 + k, f"{lv.concurrency:>3}  {t.throughput:>11.1f}  {n.throughput:>14.1f}  "
                              f"{t.throughput / max(n.throughput, 1e-12):>13.2f}x  {lv.eagle.throughput:>16.1f}  "
                              f"{t.tau:>5.2f}  {t.mean_active:>9.2f}")
         for lv in self.levels:
