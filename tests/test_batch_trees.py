@@ -95,7 +95,8 @@ def test_scheduler_applies_the_table_per_round_losslessly(tabled):
             seen[i].append((sched.rounds, len(gen.active), vt.num_nodes))
         return lambda: gen.check(p, n, tree, kinds[i] != "plain", False, None, None, on_round=hook)
 
-    streams = [sched.submit(make(i), RequestStream()) for i in range(len(reqs))]
+    with sched._cv:  # every request queued before the first round: the same rounds (and active counts) every run
+        streams = [sched.submit(make(i), RequestStream()) for i in range(len(reqs))]
     results = [s.wait(timeout=300) for s in streams]
     active = sched.active_per_round
     assert {1, 2, 3, 4} <= set(active), active  # every row of the table (and a count between rows) was used
