@@ -71,6 +71,9 @@ def main() -> None:
 @click.option("--fused/--no-fused", default=True, show_default=True,
               help="Also write the fused target graph ONNX Runtime runs (GroupQueryAttention writing the cache in "
                    "place; fp32/fp16 targets with head_dim a multiple of 16; docs/graph-contract.md).")
+@click.option("--draft-tree/--no-draft-tree", default=True, show_default=True,
+              help="Also write the draft tree graph: a round's context pass and its --top-k/--depth tree in one "
+                   "call (ONNX Runtime drafts with it where a round's tree fits; docs/graph-contract.md).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
@@ -78,7 +81,7 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, feature_layers, overwrite, quiet) -> None:
+               top_k, depth, total_tokens, max_batch, fused, draft_tree, feature_layers, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
@@ -89,7 +92,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, feature_layers=layers)
+                         fused=fused, draft_tree=draft_tree, feature_layers=layers)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 
@@ -122,6 +125,19 @@ def build_cmd(artifact, engine_lib, max_batch, max_prefill, max_tree_tokens, wor
             for p in g.profiles)
         click.echo(f"{name}: {g.file} ({g.size_bytes / 2**20:.1f} MiB, {g.precision}, {g.build_s:.1f} s) [{ranges}]")
     click.echo(f"built with {e.lib} {e.lib_version} into {artifact}")
+
+
+def _spin(value: str | None) -> str | None:
+    """--spin checked here, so a typo is a usage error naming the choices."""
+    if value is None:
+        return None
+    from .runtime.ort_backend import parse_spin
+
+    try:
+        parse_spin(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
 
 
 def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
@@ -331,9 +347,10 @@ _PROMPTS_FILE = click.option(
                    "from, manifest target.source].")
 @click.option("--peer-cache", type=click.Path(path_type=Path), default=None,
               help="Where built peer models are kept and reused [default: ARTIFACT/peers].")
-@click.option("--spin", type=click.Choice(["off", "run", "on"]), default=None,
+@click.option("--spin", default=None, callback=lambda c, p, v: _spin(v),
               help="ONNX Runtime's intra-op thread spinning for our sessions: off, run (spin during a call, stop as "
-                   "it returns), on [default: off; docs/runtime.md, Threading].")
+                   "it returns), on; or per phase, e.g. target=run,draft=off [default: the runtime's; "
+                   "docs/runtime.md, Threading].")
 @click.option("--url", default=None,
               help="Bench a running `eagle-export serve` at this URL instead of ARTIFACT (with --concurrency; "
                    "see docs/serve.md).")

@@ -45,13 +45,25 @@ new_tokens``) is a prefill (causal mask, positions 0 .. new_tokens - 1), and a c
 over a non-empty cache takes one sequence (batch 1). The runtime's calls are so. The standard graph stays for
 TensorRT (and for targets the fused operator cannot run);
 ``graph_for`` says which graph a backend runs.
+
+Version 5 adds the draft tree graph (``draft_tree``, ONNX Runtime; ``export/draft_tree.py``): a round's draft work in
+one call. Its inputs are a context pass's (the step graph's, every new row a feature row, no ``hidden_in``) plus
+``last_row`` [batch] (each sequence's last context row, its new root). It runs the context pass, then ``tree_depth``
+tree levels of ``tree_top_k`` nodes, choosing each level's frontier inside the graph (the best ``tree_top_k`` of its
+``tree_top_k``^2 children by cumulative log-prob, ties to the lower index), and returns every candidate of the tree:
+``tree_scores``, ``tree_tokens`` (target ids), ``tree_parents`` (candidate index, -1 the root), each
+[batch, tree_candidates] in generation order; the last context row's ``context_topk_logprobs``/``context_topk_ids``
+[batch, max_top_k] and ``context_hidden`` [batch, hidden]; and the context rows' ``present_*``. The tree's top_k and
+depth are fixed axes of the graph's manifest entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-CONTRACT_VERSION = 4
+from .tree_params import candidate_count
+
+CONTRACT_VERSION = 5
 
 # Axis names.
 BATCH = "batch"
@@ -62,11 +74,15 @@ LOGIT_ROWS = "logit_rows"
 FEATURE_ROWS = "feature_rows"  # draft: rows fed from target features
 HIDDEN_ROWS = "hidden_rows"  # draft: rows fed from the draft's own output (tree levels)
 CAPACITY = "capacity"  # fused target graph: rows of each sequence's whole cache buffer
+TREE_TOP_K = "tree_top_k"  # draft tree graph: its tree's top_k (a fixed axis: [k, k])
+TREE_DEPTH = "tree_depth"  # draft tree graph: its tree's depth (fixed: [d, d])
+TREE_CANDIDATES = "tree_candidates"  # draft tree graph: candidates per sequence, top_k + depth * top_k^2 (fixed)
 
 # Graph names (also the ONNX file stems).
 TARGET_GRAPH = "target_verify"
 DRAFT_GRAPH = "draft_step"
 TARGET_FUSED_GRAPH = "target_verify_fused"  # ONNX Runtime's fused variant of the target graph (contract 4)
+DRAFT_TREE_GRAPH = "draft_tree"  # ONNX Runtime: a round's context pass and tree levels in one call (contract 5)
 # The graphs TensorRT builds and runs (standard operators only).
 ENGINE_GRAPHS = (TARGET_GRAPH, DRAFT_GRAPH)
 # GroupQueryAttention's CPU kernel takes head sizes that are multiples of this (ONNX Runtime 1.31).
@@ -88,6 +104,14 @@ HIDDEN_IN = "hidden_in"
 TOPK_LOGPROBS = "topk_logprobs"
 TOPK_IDS = "topk_ids"
 HIDDEN = "hidden"
+# Draft tree graph only.
+LAST_ROW = "last_row"
+TREE_SCORES = "tree_scores"
+TREE_TOKENS = "tree_tokens"
+TREE_PARENTS = "tree_parents"
+CONTEXT_TOPK_LOGPROBS = "context_topk_logprobs"
+CONTEXT_TOPK_IDS = "context_topk_ids"
+CONTEXT_HIDDEN = "context_hidden"
 
 
 def past_key(layer: int) -> str:
@@ -238,6 +262,31 @@ def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
         *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
     ]
     return GraphSpec(DRAFT_GRAPH, tuple(inputs), tuple(outputs))
+
+
+def draft_tree_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, max_top_k: int,
+                    tree_top_k: int, tree_depth: int, dtype: str, num_layers: int = 1) -> GraphSpec:
+    """Draft tree graph (contract 5): a context pass over ``new_tokens`` feature rows, then the tree grown inside
+    the graph (``export/draft_tree.py``). Candidates per sequence: top_k + depth * top_k^2."""
+    n = candidate_count(tree_top_k, tree_depth)
+    inputs = [
+        TensorSpec(INPUT_EMBEDS, dtype, (BATCH, NEW_TOKENS, hidden_size)),
+        TensorSpec(DRAFT_FEATURES, dtype, (BATCH, NEW_TOKENS, feature_dim)),
+        TensorSpec(POSITION_IDS, "int64", (BATCH, NEW_TOKENS)),
+        TensorSpec(ATTENTION_MASK, "bool", (BATCH, NEW_TOKENS, TOTAL_LEN)),
+        TensorSpec(LAST_ROW, "int64", (BATCH,)),
+        *_cache_specs(past_key, past_value, num_layers, kv_heads, head_dim, dtype, PAST_LEN),
+    ]
+    outputs = [
+        TensorSpec(TREE_SCORES, "float32", (BATCH, n)),
+        TensorSpec(TREE_TOKENS, "int64", (BATCH, n)),
+        TensorSpec(TREE_PARENTS, "int64", (BATCH, n)),
+        TensorSpec(CONTEXT_TOPK_LOGPROBS, "float32", (BATCH, max_top_k)),
+        TensorSpec(CONTEXT_TOPK_IDS, "int64", (BATCH, max_top_k)),
+        TensorSpec(CONTEXT_HIDDEN, dtype, (BATCH, hidden_size)),
+        *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
+    ]
+    return GraphSpec(DRAFT_TREE_GRAPH, tuple(inputs), tuple(outputs))
 
 
 def spec_from_dict(d: dict) -> GraphSpec:

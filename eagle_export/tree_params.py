@@ -14,6 +14,12 @@ from dataclasses import asdict, dataclass
 from .errors import GenerationError
 
 
+def candidate_count(top_k: int, depth: int) -> int:
+    """Draft nodes of a tree grown ``depth`` levels below the root's ``top_k`` children, before selection: the root's
+    top_k children, then top_k children of each of a level's top_k frontier nodes."""
+    return top_k + depth * top_k * top_k
+
+
 @dataclass(frozen=True)
 class TreeParams:
     top_k: int = 4
@@ -23,7 +29,7 @@ class TreeParams:
     @property
     def max_candidates(self) -> int:
         """Number of draft nodes one round generates before selection."""
-        return self.top_k + self.depth * self.top_k * self.top_k
+        return candidate_count(self.top_k, self.depth)
 
     @property
     def verify_tokens(self) -> int:

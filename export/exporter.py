@@ -22,6 +22,7 @@ from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest
 from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
+from .draft_tree import DraftTree
 from .embedding_table import locate_target_embedding, write_own_table
 from .fused import FusedTargetVerify, pack_qkv, rope_cache
 from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
@@ -72,6 +73,8 @@ class ExportOptions:
     lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
     # Also write the fused target graph ONNX Runtime runs (contract 4), where its operator supports the target.
     fused: bool = True
+    # Also write the draft tree graph (contract 5): a round's draft work in one call, for the default tree's shape.
+    draft_tree: bool = True
 
 
 def fused_unsupported(head_dim: int, dtype_name: str) -> str | None:
@@ -253,7 +256,7 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         check_replaceable(out_dir)
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
-    steps = progress_bar(6, "export", "step", progress)
+    steps = progress_bar(7, "export", "step", progress)
 
     steps.set_postfix_str("loading target")
     tdir = Path(target_dir)
@@ -322,6 +325,14 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         log.info("no fused target graph for this target: %s; ONNX Runtime runs the standard graph", why_not)
     fspec = C.target_fused_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                 vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
+    tree = options.tree
+    xspec = C.draft_tree_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
+                              feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=tree.top_k,
+                              tree_depth=tree.depth, dtype=dtype_name, num_layers=dinfo.num_layers)
+    n_cand = tree.max_candidates
+    tree_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
+                 C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [tree.top_k, tree.top_k],
+                 C.TREE_DEPTH: [tree.depth, tree.depth], C.TREE_CANDIDATES: [n_cand, n_cand]}
     draft_positions = seq + lim.max_depth
     if draft_positions > dinfo.max_position_embeddings:
         log.warning(
@@ -365,6 +376,15 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
                           dspec, tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
             steps.update()
+            if options.draft_tree:
+                steps.set_postfix_str("tracing draft tree graph")
+                last_row = torch.tensor([t - 1, t - 2], dtype=torch.long)[:b]
+                feats_all = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
+                _export_draft_tree(DraftTree(head, lim.max_top_k, tree.top_k, tree.depth).eval(),
+                                   (embeds, feats_all, pos, mask, last_row, *dpast), xspec, tmp, sources)
+            else:
+                steps.set_postfix_str("no draft tree graph")
+            steps.update()
         table = _draft_table(tmp, target, head, sources, dtype)
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:
@@ -380,6 +400,8 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
                 C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
                 **({C.TARGET_FUSED_GRAPH: GraphEntry(f"{C.TARGET_FUSED_GRAPH}.onnx", fspec, fused_axes)}
                    if why_not is None else {}),
+                **({C.DRAFT_TREE_GRAPH: GraphEntry(f"{C.DRAFT_TREE_GRAPH}.onnx", xspec, tree_axes)}
+                   if options.draft_tree else {}),
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
             draft_embedding=table,
@@ -419,6 +441,17 @@ def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_row
     pack_qkv(model)
     onnx.save_model(model, str(path))
     share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
+
+
+def _export_draft_tree(module: DraftTree, args: tuple, spec: C.GraphSpec, directory: Path,
+                       sources: dict[int, Source] | None) -> None:
+    """Trace the draft tree graph; the weights it shares with the step graph (the head, lm_head) and the target
+    graph (the embedding table) are stored once, in their data files."""
+    path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
+    _export_graph(module, args, spec, path, sources)
+    share_weights(path, directory / f"{C.DRAFT_GRAPH}.onnx")
+    if (directory / (path.name + ".data")).exists():
+        share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
 
 
 def _draft_table(directory: Path, target: LoadedTarget, head: torch.nn.Module, sources: dict[int, Source] | None,

@@ -191,7 +191,7 @@ class Eagle1Head(nn.Module):
         self.hidden_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.hidden_fc_norm else None
         self.lm_head_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.lm_head_norm else None
 
-    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past):
+    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past, rope=None):
         """Rows: features (target) then hidden_in (fed back); both go through fc with their token's embedding.
 
         input_embeds: ``embed_tokens`` rows of the rows' tokens [B, T, H] (the graph takes them as an input).
@@ -206,7 +206,8 @@ class Eagle1Head(nn.Module):
         x = self.fc(torch.cat((emb, f), dim=-1))
         layer = self.layers[0]
         attn = layer.self_attn
-        rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
+        if rope is None:  # rope: the caller's tables for these positions (the tree graph makes its levels' once)
+            rope = rope_tables(self.rotary_emb, x, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
         a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
         h = x + a
@@ -277,7 +278,7 @@ class Eagle3Head(nn.Module):
             features = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(features)
 
-    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past):
+    def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past, rope=None):
         """Rows: features (fc applied) then hidden_in (no fc). past: [k0, v0, k1, v1, ...] per layer.
 
         input_embeds: ``embed_tokens`` rows of the rows' tokens [B, T, H] (the graph takes them as an input).
@@ -288,7 +289,8 @@ class Eagle3Head(nn.Module):
         hn = layer.hidden_norm(h)
         x = torch.cat((layer.input_layernorm(emb), hn), dim=-1)
         attn = layer.self_attn
-        rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
+        if rope is None:  # as in Eagle1Head
+            rope = rope_tables(self.rotary_emb, h, position_ids, attn.head_dim)
         bias = mask_bias(attention_mask, kv_group(attn))
         a, k, v = tree_attention(attn, x, rope, bias, past[0], past[1], *emb.shape[:2], past[0].shape[1])
         g = (hn if self.opts.norm_before_residual else h) + a

@@ -167,7 +167,7 @@ class EagleRuntime:
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
              threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1,
-             fused: bool = True, spin: str | None = None) -> EagleRuntime:
+             fused: bool = True, spin: str | None = None, draft_tree: bool = True) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
         backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
@@ -176,7 +176,10 @@ class EagleRuntime:
         max_batch: sequences decoded at once (1: one at a time, as before; B > 1: continuous batching through
         ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
         graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two). spin:
-        ONNX Runtime's thread spin policy, "off", "run" or "on" (None: the backend's default, "off"; docs/runtime.md).
+        ONNX Runtime's thread spin policy, "off", "run" or "on", or one per phase, "target=run,draft=off" (None: the
+        backend's default; docs/runtime.md, Threading).
+        draft_tree: on ONNX Runtime, draft with the draft tree graph where the artifact has one and the round's tree
+        fits it (the default: one draft call a round; False drafts level by level with the step graph).
         """
         t0 = time.perf_counter()
         directory = Path(directory)
@@ -187,7 +190,8 @@ class EagleRuntime:
         if backend == "ort":
             from .ort_backend import DEFAULT_SPIN, OrtBackend
 
-            be = OrtBackend(directory, manifest, providers, threads, fused=fused, spin=spin or DEFAULT_SPIN)
+            be = OrtBackend(directory, manifest, providers, threads, fused=fused, spin=spin or DEFAULT_SPIN,
+                            draft_tree=draft_tree)
         elif backend == "tensorrt":
             from .trt_backend import TrtBackend
 

@@ -29,6 +29,9 @@ class Backend(Protocol):
     #: The target graph it runs (``contract.graph_for``): "target_verify_fused" (ONNX Runtime, where the artifact has
     #: it; the loop then binds whole-buffer caches written in place) or "target_verify".
     target_graph: str
+    #: The draft tree graph it runs (``contract.DRAFT_TREE_GRAPH``: a round's draft work in one call), or None: the
+    #: loop then drafts with the step graph alone.
+    tree_graph: str | None
     #: The torch device of the buffers ``zeros`` allocates ("cpu", "cuda:0").
     device: str
     #: True when those buffers are plain host memory that the loop may read and write through numpy views at any

@@ -51,7 +51,7 @@ from .kv_cache import FusedKVCache, KVCache
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
 from .tree import Frontier, TreeGrower, VerifyTree
-from .views import HostScratch, RowBuffers
+from .views import HostScratch, RowBuffers, view_of
 
 log = logging.getLogger(__name__)
 KEEP = object()  # Generator.round: every sequence keeps its tree (no per-batch table applied)
@@ -119,6 +119,7 @@ class Slot:
     reason: str | None = None
     error: BaseException | None = None
     t_join: float = 0.0
+    ready: bool = False  # the grower holds this round's candidates already (the draft tree graph grew them)
     lag: list[int] = field(default_factory=list)  # tokens of rounds without a draft, not yet in the draft cache
 
     def __post_init__(self) -> None:
@@ -230,6 +231,18 @@ class Generator:
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
         self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
+        # The draft tree graph (contract 5): a round's context pass and tree levels in one call, for trees of its
+        # top_k and a depth up to its own.
+        self.xgraph = backend.tree_graph
+        if self.xgraph is not None:
+            axes = manifest.graphs[self.xgraph].axes
+            self.x_k, self.x_depth = axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]
+            n = axes[C.TREE_CANDIDATES][0]
+            self._x = {"scores": zeros((B, n), torch.float32), "tokens": zeros((B, n), torch.int64),
+                       "parents": zeros((B, n), torch.int64), "vals": zeros((B, K), torch.float32),
+                       "ids": zeros((B, K), torch.int64), "hidden": zeros((B, d.hidden_size), dtype)}
+            self._last_row = HostScratch(B, np.int64)
+            self._xnp = {k: v.numpy() for k, v in self._x.items()} if self._cpu else None
         self.vocab = t.vocab_size
         self.active: list[Slot] = []
 
@@ -310,6 +323,21 @@ class Generator:
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
+    def _tree_io(self, a: int, n: int) -> tuple[dict, MappingProxyType]:
+        key = ("x", a, n)
+        io = self._io_memo.get(key)
+        if io is None:
+            x = self._x
+            ins = {C.INPUT_EMBEDS: self._buf("dembeds", a, n), C.POSITION_IDS: self._host(self._pos, a, n),
+                   C.DRAFT_FEATURES: self._buf("dfeats_in", a, n), C.LAST_ROW: self._host(self._last_row, a)}
+            outs = {C.TREE_SCORES: x["scores"][:a], C.TREE_TOKENS: x["tokens"][:a], C.TREE_PARENTS: x["parents"][:a],
+                    C.CONTEXT_TOPK_LOGPROBS: x["vals"][:a], C.CONTEXT_TOPK_IDS: x["ids"][:a],
+                    C.CONTEXT_HIDDEN: x["hidden"][:a]}
+            outs = {k: view_of(v) for k, v in outs.items()}
+            outs.update(zip(self._draft_names[1], self.dcache.new_block_views(a, n), strict=True))
+            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+        return io
+
     def _past(self, cache: KVCache, a: int, past: int, base: int = 0) -> list:
         """The past binding: one slot's rows [base, base + past), or ``a`` regions of ``past`` rows from row 0."""
         if a == 1:
@@ -336,9 +364,38 @@ class Generator:
         inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
 
-    def _note_draft_positions(self, s: Slot, last: int) -> None:
-        """One more draft call for s, whose last position was ``last``: past the head's trained range?"""
-        s.stats.draft_forwards += 1
+    def _run_tree(self, a: int, n: int, past: int, base: int = 0) -> None:
+        """The draft tree graph over the context rows in ``_ids`` [a, n] (every row a feature row), each sequence's
+        last context row in ``_last_row``: the context pass and the whole tree in one call."""
+        self.embedding.gather(self._ids.array[:a * n], self._t["dembeds"][:a * n])
+        fixed, outputs = self._tree_io(a, n)
+        inputs = fixed.copy()
+        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        self.backend.run(self.xgraph, inputs, outputs)
+
+    def _tree_fits(self, s: Slot) -> bool:
+        """Can the draft tree graph grow s's tree (its top_k, a depth up to the graph's)?"""
+        return self.xgraph is not None and s.k == self.x_k and s.depth <= self.x_depth
+
+    def _load_tree(self, s: Slot, b: int, committed: int, row: int | None = None) -> None:
+        """Slot b's next tree from the tree graph's output row ``row`` (default b; s has ``committed`` rows once this
+        round's are in), and its context row (top-k and hidden) as a step-graph context pass would have left it."""
+        x, xn, r = self._x, self._xnp, b if row is None else row
+        if xn is not None:  # host memory: numpy views made once
+            s.grower.load(xn["scores"][r], xn["tokens"][r], xn["parents"][r])
+            self.ctx_vals[b], self.ctx_ids[b] = xn["vals"][r], xn["ids"][r]
+            self._np_ctx_hidden[b] = xn["hidden"][r]
+        else:
+            s.grower.load(*(self.backend.to_host(x[k][r]) for k in ("scores", "tokens", "parents")))
+            self.ctx_vals[b], self.ctx_ids[b] = self.backend.to_host(x["vals"][r]), self.backend.to_host(x["ids"][r])
+            self.ctx_hidden[b].copy_(x["hidden"][r])
+        s.ready = True
+        self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
+
+    def _note_draft_positions(self, s: Slot, last: int, calls: int = 1) -> None:
+        """``calls`` more draft calls for s, whose last position was ``last``: past the head's trained range?"""
+        s.stats.draft_forwards += calls
         if last >= self._draft_pos_limit and s.stats.draft_beyond_position_limit is None:
             s.stats.draft_beyond_position_limit = last
             if not self._warned_draft_limit:
@@ -400,18 +457,29 @@ class Generator:
             sink.finish(GenerationResult([], "capacity", stats, n))
             return None
         j = len(self.active)
+        if req.tree is not None:
+            s.grower = self._take_grower(req.tree)
         self._fit(self.active + [s], extra={id(s): n})
-        self._prefill(s, j)
+        try:
+            self._prefill(s, j)
+        except BaseException:
+            self._release_grower(s)
+            raise
         stats.prefill_s = time.perf_counter() - s.t_join
         new, reason = s.stop.emit([s.root])
         sink.push(new)
         if reason is not None:
+            self._release_grower(s)
             self._finish(s, reason)
             return None
-        if req.tree is not None:
-            s.grower = self._take_grower(req.tree)
         self.active.append(s)
         return s
+
+    def _release_grower(self, s: Slot) -> None:
+        if s.grower is not None:
+            self._growers[s.tree].append(s.grower)
+            s.grower = None
+            s.ready = False
 
     def _take_grower(self, tree: TreeParams) -> TreeGrower:
         free = self._growers.setdefault(tree, [])
@@ -440,11 +508,19 @@ class Generator:
                 self._ids.array[:c] = nxt
                 self._pos.array[:c] = self._arange[:c] + st
                 self._causal(c, st)
-                self._run_draft(1, c, c, st, base_d)
+                tree = last and self._tree_fits(s)
+                if tree:  # the last chunk's context pass grows the first round's tree in the same call
+                    self._last_row.array[0] = c - 1
+                    self._run_tree(1, c, st, base_d)
+                else:
+                    self._run_draft(1, c, c, st, base_d)
                 self.dcache.write(base_d + st, c)
                 self._note_draft_positions(s, e - 1)
         if use_draft:
-            self._keep_context_row(j, c - 1)
+            if tree:
+                self._load_tree(s, j, n, row=0)  # a prefill is a call of its own (batch 1)
+            else:
+                self._keep_context_row(j, c - 1)
         s.L = n
 
     def _causal(self, new: int, past: int) -> None:
@@ -503,12 +579,13 @@ class Generator:
         self._fit(slots)
         if any(s.lag and s.grower is not None for s in slots):  # drafting again: the draft cache catches up first
             self._draft_lag(slots, lambda s: s.grower is not None)
-        drafting = [s for s in slots if s.grower is not None]
+        drafting = [s for s in slots if s.grower is not None and not s.ready]
         if drafting:
             self._grow_tree(slots, drafting)
         for s in slots:
             if s.grower is not None:
                 s.vt = s.grower.select(s.tree.total_tokens, s.root)
+                s.ready = False
         tt = self._verify(slots)
         for b, s in enumerate(slots):
             try:
@@ -522,12 +599,14 @@ class Generator:
 
     def _grow_tree(self, slots: list[Slot], drafting: list[Slot]) -> None:
         """Every drafting slot's tree, level by level: one draft call per level feeds every slot's frontier (a
-        slot whose tree is shallower or narrower pads); then each slot's verify tree is selected."""
+        slot whose tree is shallower or narrower pads, as does one whose tree the tree graph grew already); then
+        each slot's verify tree is selected."""
         a = len(slots)
         kk = max(s.k for s in drafting)
         depth = max(s.depth for s in drafting)
+        grow = [s.grower is not None and not s.ready for s in slots]
         for b, s in enumerate(slots):
-            if s.grower is not None:
+            if grow[b]:
                 s.grower.reset()
                 s.frontier = s.grower.add_root_children(self.ctx_vals[b], self.ctx_ids[b])
         stride = self.dplan.stride
@@ -543,7 +622,7 @@ class Generator:
             bound = used = 0
             for b, s in enumerate(slots):
                 fr = s.frontier
-                k = s.k if s.depth >= level else 0
+                k = s.k if grow[b] and s.depth >= level else 0
                 if k:
                     fed, L = fr.fed, s.L
                     if level == 1:
@@ -565,7 +644,7 @@ class Generator:
             self.padding.used += used
             self._run_draft(a, kk, 0, past)
             for b, s in enumerate(slots):
-                if s.depth < level:
+                if not grow[b] or s.depth < level:
                     continue
                 k, r0 = s.k, b * kk
                 self.dcache.write(b * stride + s.L + s.frontier.fed, k, src=r0)
@@ -708,6 +787,8 @@ class Generator:
         widths = [len(s.tokens) if g else 0 for s, g in zip(slots, go, strict=True)]
         mm = max(widths)
         stride = self.dplan.stride
+        # The tree graph grows every continuing slot's next tree in this call, when it can grow all of them.
+        tree = self.xgraph is not None and all(self._tree_fits(s) for s, g in zip(slots, go, strict=True) if g)
         if mm:
             past = slots[0].L if a == 1 else stride
             mask = self._mask.take((a, mm, past + mm))
@@ -731,13 +812,20 @@ class Generator:
                     mask[b, i, past + i] = True
             self.padding.bound += a * past
             self.padding.used += used
-            self._run_draft(a, mm, mm, past)
+            if tree:
+                self._last_row.array[:a] = [max(m - 1, 0) for m in widths]  # a padding row for a slot that stops
+                self._run_tree(a, mm, past)
+            else:
+                self._run_draft(a, mm, mm, past)
             for b, s in enumerate(slots):
                 m = widths[b]
                 if m:
                     self.dcache.write(b * stride + s.L, m, src=b * mm)
                     self._note_draft_positions(s, s.L + m - 1)
-                    self._keep_context_row(b, b * mm + m - 1)
+                    if tree:
+                        self._load_tree(s, b, s.L + m)
+                    else:
+                        self._keep_context_row(b, b * mm + m - 1)
         for s in slots:
             if s.reason is None and s.error is None:
                 s.L += len(s.tokens)
@@ -772,16 +860,13 @@ class Generator:
                 self._gather("lagfeats", b * P, "lagfeats", self._arange[last * P:last * P + len(t.lag)])
             self.active[b] = t
         self.active.pop()
-        if s.grower is not None:
-            self._growers[s.tree].append(s.grower)
-            s.grower = None
+        self._release_grower(s)
 
     # ---- per-batch trees: a sequence's tree may change between rounds ------------------------
     def _set_tree(self, s: Slot, tree: TreeParams | None) -> None:
-        """Give slot s another tree for its next rounds (None: no draft), trading its grower for one of that tree."""
-        if s.grower is not None:
-            self._growers[s.tree].append(s.grower)
-            s.grower = None
+        """Give slot s another tree for its next rounds (None: no draft), trading its grower (and a tree the tree graph
+        grew for the old one) for one of that tree."""
+        self._release_grower(s)
         s.set_tree(tree)
         if tree is not None:
             s.grower = self._take_grower(tree)
@@ -883,8 +968,7 @@ class Generator:
     def fail_all(self, exc: BaseException) -> None:
         """A graph call failed: every active request fails with it (none of them can go on)."""
         for s in self.active:
-            if s.grower is not None:
-                self._growers[s.tree].append(s.grower)
+            self._release_grower(s)
             s.sink.fail(exc)
         self.active = []
 

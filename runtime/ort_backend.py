@@ -31,6 +31,22 @@ SPIN_POLICIES = ("off", "run", "on")
 DEFAULT_SPIN = "off"
 
 
+def parse_spin(spin: str) -> dict[str, str]:
+    """The spin policy of each phase's sessions: ``"run"`` (every session), or per phase ``"target=run,draft=off"``
+    (the target graph's session, and the draft graphs' sessions: a round alternates between the two phases, and each
+    session has a thread pool of its own). A phase left out gets the default."""
+    if spin in SPIN_POLICIES:
+        return {"target": spin, "draft": spin}
+    got = {"target": DEFAULT_SPIN, "draft": DEFAULT_SPIN}
+    for part in str(spin).split(","):
+        role, _, policy = part.strip().partition("=")
+        if role not in got or policy not in SPIN_POLICIES:
+            raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, or per phase like "
+                             f"'target=run,draft=off', got {spin!r}")
+        got[role] = policy
+    return got
+
+
 def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
     policy of ``SPIN_POLICIES``."""
@@ -144,9 +160,10 @@ class OrtBackend:
     max_prefill = None  # any prefill chunk: the graphs' axes are dynamic
 
     def __init__(self, directory: Path, manifest: Manifest, providers: list[str] | None = None,
-                 threads: int | None = None, fused: bool = True, spin: str = DEFAULT_SPIN):
+                 threads: int | None = None, fused: bool = True, spin: str = DEFAULT_SPIN, draft_tree: bool = True):
         """fused: run the fused target graph where the artifact has one (False: the standard graph, to compare).
-        spin: the intra-op threads' spin policy (``SPIN_POLICIES``)."""
+        draft_tree: run the draft tree graph where the artifact has one (False: the step graph alone, to compare).
+        spin: the intra-op threads' spin policy (``SPIN_POLICIES``), or one per phase (``parse_spin``)."""
         if manifest.dtype not in ORT_GRAPH_DTYPES:
             raise ManifestError(
                 f"{directory} holds {manifest.dtype} graphs, which the ort backend cannot run (ONNX Runtime's CPU "
@@ -172,9 +189,12 @@ class OrtBackend:
         # and have not run here).
         fused = fused and self.device == "cpu"
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
-        runs = {self.target_graph, C.DRAFT_GRAPH}
+        self.tree_graph = C.DRAFT_TREE_GRAPH if draft_tree and C.DRAFT_TREE_GRAPH in manifest.graphs else None
+        runs = {self.target_graph, C.DRAFT_GRAPH} | ({self.tree_graph} if self.tree_graph else set())
         self.spin = spin
-        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads, spin)
+        policy = parse_spin(spin)
+        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads,
+                                      policy["target" if name == self.target_graph else "draft"])
                        for name in runs}
         for name in runs:
             g, session = manifest.graphs[name], self.graphs[name]

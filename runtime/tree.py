@@ -150,6 +150,7 @@ class TreeGrower:
             for s in range(d + 1):
                 self._front_mask[s, 0, :s + 1] = True
         self._frontiers = [self._make_frontier(level) for level in range(1, d + 2)]
+        self._levels = [1] * k + [level for level in range(2, d + 2) for _ in range(k * k)]
         self._shapes: dict[bytes, VerifyTree] = {}
         self.reset()
 
@@ -268,6 +269,20 @@ class TreeGrower:
         self._level.append(levels + 1)
         self._front_tokens[levels, 0] = tok
         return self._frontiers[levels]
+
+    def load(self, scores: np.ndarray, tokens: np.ndarray, parents: np.ndarray) -> None:
+        """This round's candidates grown elsewhere (the draft tree graph, ``export/draft_tree.py``), in this grower's
+        generation order; arrays of at least ``top_k + depth * top_k^2`` entries, of which that many are read (a
+        graph grown deeper than this tree serves it with its first levels). Then ``select`` as after growing."""
+        n = len(self._levels)
+        if min(len(scores), len(tokens), len(parents)) < n:
+            raise ValueError(f"a tree of top_k {self.params.top_k}, depth {self.params.depth} has {n} candidates, got "
+                             f"{len(scores)}")
+        self.reset()
+        self._scores.extend(scores[:n].tolist())
+        self._tokens.extend(tokens[:n].tolist())
+        self._parent.extend(parents[:n].tolist())
+        self._level.extend(self._levels)
 
     def select(self, total_tokens: int, root_token: int) -> VerifyTree:
         """The total_tokens best candidates in generation order, under the root (tree index 0)."""

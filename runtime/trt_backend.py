@@ -420,6 +420,7 @@ class TrtBackend:
 
     name = "tensorrt"
     target_graph = C.TARGET_GRAPH  # engines are built from the standard graphs
+    tree_graph = None  # the draft tree graph is not built (docs/engines.md): the step graph drafts level by level
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
 

@@ -124,7 +124,7 @@ def test_bench_builtin_prompts(gqa):
 class _FakeBackend:
     """A Backend (runtime/backend.py) that records calls; ``exec_s``: what it reports as last_exec_s."""
 
-    name, device, host_memory, max_prefill, target_graph = "fake", "cpu", True, None, "target_verify"
+    name, device, host_memory, max_prefill, target_graph, tree_graph = "fake", "cpu", True, None, "target_verify", None
 
     def __init__(self, exec_s):
         self.last_exec_s = exec_s

@@ -401,18 +401,19 @@ def test_console_script_error_has_no_traceback(tmp_path):
 
 
 def test_export_no_fused_writes_the_standard_target_graph_only(models, tmp_path):
-    """--no-fused: no fused target graph in the artifact, and ONNX Runtime then runs the standard one; the default
-    writes both (an mha target: head_dim 16)."""
+    """--no-fused --no-draft-tree: neither the fused target graph nor the draft tree graph in the artifact, and ONNX
+    Runtime then runs the standard ones; the default writes all four (an mha target: head_dim 16)."""
     from eagle_export import contract as C
     from eagle_export.runtime import EagleRuntime
 
     target, draft, _ = models("mha")
     base = ["export", "--target", target, "--draft", draft, "--max-seq-len", 64, "--quiet"]
     ok(*base, "--out", tmp_path / "both")
-    ok(*base, "--out", tmp_path / "std", "--no-fused")
-    assert C.TARGET_FUSED_GRAPH in load_manifest(tmp_path / "both").graphs
+    ok(*base, "--out", tmp_path / "std", "--no-fused", "--no-draft-tree")
+    assert {C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH} <= set(load_manifest(tmp_path / "both").graphs)
     m = load_manifest(tmp_path / "std")
     assert set(m.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
     assert not (tmp_path / "std" / f"{C.TARGET_FUSED_GRAPH}.onnx").exists()
+    assert not (tmp_path / "std" / f"{C.DRAFT_TREE_GRAPH}.onnx").exists()
     with EagleRuntime.open(tmp_path / "std") as rt:
-        assert rt.backend.target_graph == C.TARGET_GRAPH
+        assert rt.backend.target_graph == C.TARGET_GRAPH and rt.backend.tree_graph is None

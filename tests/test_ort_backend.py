@@ -138,3 +138,26 @@ def test_spin_policy_sets_onnx_runtime_spinning(spin, allow, stop):
 def test_unknown_spin_policy_is_refused():
     with pytest.raises(ValueError, match="spin must be one of"):
         session_options(None, "sometimes")
+
+
+def test_spin_per_phase_applies_to_each_phases_sessions(models):
+    """"target=run,draft=off": the target graph's session spins during its calls, the draft graphs' sessions never
+    (each session has its own thread pool); a bare policy applies to all; a typo names the forms it takes."""
+    from eagle_export import contract as C
+    from eagle_export.manifest import load_manifest
+    from eagle_export.runtime.ort_backend import DEFAULT_SPIN, OrtBackend, parse_spin
+
+    assert parse_spin("run") == {"target": "run", "draft": "run"}
+    assert parse_spin("draft=on") == {"target": DEFAULT_SPIN, "draft": "on"}
+    for bad in ("target=fast", "verify=run", "target=run;draft=off"):
+        with pytest.raises(ValueError, match="per phase like 'target=run,draft=off'"):
+            parse_spin(bad)
+    _, _, art = models("mha")
+    be = OrtBackend(art, load_manifest(art), threads=1, spin="target=run,draft=off")
+
+    def allow(name):
+        return be.graphs[name].session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning")
+
+    assert allow(be.target_graph) == "1"
+    assert allow(C.DRAFT_GRAPH) == "0" and allow(C.DRAFT_TREE_GRAPH) == "0"

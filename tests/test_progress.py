@@ -18,9 +18,10 @@ from eagle_export.cli import main
 from eagle_export.errors import CheckpointError
 from eagle_export.export.exporter import ExportOptions, export_artifact
 
-EXPORT_LINES = ["export: 1/6 steps (loading target)", "export: 2/6 steps (loading draft)",
-                "export: 3/6 steps (tracing target verify graph)", "export: 4/6 steps (tracing fused target graph)",
-                "export: 5/6 steps (tracing draft step graph)", "export: 6/6 steps (writing tokenizer and manifest)"]
+EXPORT_LINES = ["export: 1/7 steps (loading target)", "export: 2/7 steps (loading draft)",
+                "export: 3/7 steps (tracing target verify graph)", "export: 4/7 steps (tracing fused target graph)",
+                "export: 5/7 steps (tracing draft step graph)", "export: 6/7 steps (tracing draft tree graph)",
+                "export: 7/7 steps (writing tokenizer and manifest)"]
 
 
 class Terminal(io.StringIO):
@@ -67,7 +68,7 @@ def test_on_a_terminal_the_bar_redraws_and_an_error_starts_its_own_line(tiny, tm
         main.main(args, standalone_mode=False)
     assert e.value.code == 2
     out = term.getvalue()
-    assert "\r" in out and "1/6" in out  # a redrawn bar, one step done
+    assert "\r" in out and "1/7" in out  # a redrawn bar, one step done
     before, sep, after = out.partition("error: ")
     assert sep and before.endswith("\n"), repr(out[-300:])
     assert "no-such-head" in after and after.endswith("\n")
@@ -132,6 +133,6 @@ def test_a_warning_on_a_real_terminal_gets_its_own_line(tiny, tmp_path):
     text = out.decode(errors="replace")
     before, sep, after = text.partition("WARNING: ")
     assert sep and "positions reach 40" in after.split("\n", 1)[0], text
-    assert "1/6" in before, repr(text)  # the bar was drawn (target loaded, loading draft) when the warning came
+    assert "1/7" in before, repr(text)  # the bar was drawn (target loaded, loading draft) when the warning came
     assert before.endswith(("\r", "\n")), repr(before[-160:])  # the bar's line was cleared first
-    assert "6/6" in after  # and the bar went on below it
+    assert "7/7" in after  # and the bar went on below it

@@ -188,13 +188,14 @@ class PlanningBackend:
 
     name = "ort+trt-plan"
     target_graph = "target_verify"
+    tree_graph = None  # TensorRT builds the standard graphs only
     device = "cpu"
     host_memory = True
     max_prefill = None
     last_exec_s = None
 
     def __init__(self, art, manifest):
-        self.ort = OrtBackend(art, manifest, threads=1, fused=False)  # the engines run the standard graph
+        self.ort = OrtBackend(art, manifest, threads=1, fused=False, draft_tree=False)  # what the engines run
         self.planners = planners(manifest)
         for p in self.planners.values():
             p.is_device = self.is_device

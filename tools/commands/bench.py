@@ -88,6 +88,7 @@ class TimingBackend:
         self.host_memory = inner.host_memory
         self.max_prefill = inner.max_prefill
         self.target_graph = inner.target_graph
+        self.tree_graph = inner.tree_graph
         self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
@@ -96,6 +97,11 @@ class TimingBackend:
     def target_seconds(self) -> float:
         """Time in the target graph, whichever variant ran (standard or fused)."""
         return self.seconds.get(C.TARGET_GRAPH, 0.0) + self.seconds.get(C.TARGET_FUSED_GRAPH, 0.0)
+
+    @property
+    def draft_seconds(self) -> float:
+        """Time in the draft graphs (the step graph, and the tree graph where it ran)."""
+        return self.seconds.get(C.DRAFT_GRAPH, 0.0) + self.seconds.get(C.DRAFT_TREE_GRAPH, 0.0)
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         inner = self._inner
@@ -347,7 +353,7 @@ def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: Tree
     res = stream.result
     s = res.stats
     return _Run(list(res.tokens), s.rounds, list(s.accept_lengths), s.prefill_s, s.decode_s,
-                proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.target_seconds)
+                proxy.draft_seconds, proxy.target_seconds)
 
 
 def check_run_settings(max_new_tokens, threads, repeats: int = 1) -> None:

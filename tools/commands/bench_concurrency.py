@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_export import contract as C
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts
 from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
@@ -213,7 +212,7 @@ def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_
         raise BenchError(f"a request failed: {errors[0]}")
     per_round = sched.active_per_round[active0:]
     fig = ModeFigures(sum(len(t) for t in tokens), wall, latencies, accepts,
-                      proxy.seconds.get(C.DRAFT_GRAPH, 0.0), proxy.target_seconds,
+                      proxy.draft_seconds, proxy.target_seconds,
                       sched.rounds - rounds0, sum(per_round) / len(per_round) if per_round else 0.0,
                       gen.padding.fraction)
     return fig, tokens

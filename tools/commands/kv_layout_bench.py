@@ -145,6 +145,34 @@ def format_rows(capacity: int, tokens: int, rows: list[LayoutRow]) -> str:
     return "\n".join(lines)
 
 
+def measure_commit(artifact: str | Path, repeats: int = 200, threads: int | None = None) -> list[tuple]:
+    """The commit of a round's accepted path, per cache design: (path, standard us, fused us), medians of
+    ``repeats``. Standard: the path's rows copied from the verify's new-rows scratch into the cache
+    (``KVCache.write_rows``); fused (contract 4): the rows the verify wrote in place after the committed ones moved
+    down to follow them (``FusedKVCache.commit``; for one sequence nothing moves but the rows after a branch)."""
+    std = EagleRuntime.open(artifact, threads=threads, fused=False).generator
+    fused = EagleRuntime.open(artifact, threads=threads).generator
+    if not fused.fused:
+        raise EagleExportError(f"{artifact} has no fused target graph: no fused commit to measure")
+    L = min(300, std.capacity // 2)
+    paths = {"chain of 4 (rows 0-3)": [0, 1, 2, 3], "chain of 7 (rows 0-6)": list(range(7)),
+             "branch (rows 0, 2, 5, 9)": [0, 2, 5, 9], "root only": [0]}
+    out = []
+    for name, rows in paths.items():
+        rows = np.asarray(rows, dtype=np.int64)
+        times = {"std": [], "fused": []}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            std.tcache.write_rows(L, rows, src=0)
+            t1 = time.perf_counter()
+            fused.tcache.commit(0, L, rows + L)  # one sequence: its verify wrote right after its committed rows
+            t2 = time.perf_counter()
+            times["std"].append(t1 - t0)
+            times["fused"].append(t2 - t1)
+        out.append((name, statistics.median(times["std"]) * 1e6, statistics.median(times["fused"]) * 1e6))
+    return out
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -165,6 +193,10 @@ def main(artifact: Path, tokens: int, pasts: tuple[int, ...], repeats: int, thre
     except EagleExportError as e:
         raise click.ClickException(str(e)) from e
     click.echo(format_rows(capacity, tokens, rows))
+    click.echo("\ncommit of a round's accepted path, every layer (median of 200)")
+    click.echo(f"{'path':>26}  {'standard (scratch -> cache)':>28}  {'fused (in place, moved down)':>29}")
+    for name, std_us, fused_us in measure_commit(artifact, threads=threads):
+        click.echo(f"{name:>26}  {std_us:>25.1f} us  {fused_us:>26.1f} us")
 
 
 if __name__ == "__main__":

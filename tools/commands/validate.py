@@ -195,6 +195,31 @@ def draft_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str,
     return cases
 
 
+def tree_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str, OrderedDict]]:
+    """Draft tree graph inputs: a prompt's context pass over an empty cache, and a round's context pass near capacity
+    whose tree grows past it (rows are random; the last context row is each case's root)."""
+    d, t, S = m.draft, m.target, m.max_seq_len
+    names = m.graphs[C.DRAFT_TREE_GRAPH].spec.input_names
+    cases = []
+
+    def add(name, n, past):
+        feed = OrderedDict(zip(names, [
+            table.rows(rng.integers(0, t.vocab_size, (1, n))).float().numpy().astype(m.dtype),
+            rng.standard_normal((1, n, d.feature_dim)).astype(m.dtype),
+            np.arange(past, past + n, dtype=np.int64)[None], _causal(n, past), np.array([n - 1], dtype=np.int64),
+            *_past(rng, past, d.num_layers, d.kv_heads, d.head_dim, m.dtype)], strict=True))
+        cases.append((name, feed))
+
+    n = min(S, 7)
+    add(f"prompt context and tree, cache 0 ({n} tokens)", n, 0)
+    add("one-token prompt and tree, cache 0", 1, 0)
+    n = min(m.tree_limits.max_depth + 1, 4)
+    L = min(S - n, 11)
+    add(f"round context and tree, cache {L} ({n} tokens)", n, L)
+    add(f"round context and tree, cache {S - n} ({n} tokens), near capacity", n, S - n)
+    return cases
+
+
 # ---- the PyTorch runner ----------------------------------------------------------------------
 
 
@@ -501,7 +526,8 @@ class ValidationReport:
         return {
             "passed": self.passed, "artifact": self.artifact, "backend": self.backend, "dtype": self.dtype,
             "reference": {"target": self.target_source, "draft": self.draft_source, "dtype": "float32",
-                          "modules": {C.TARGET_GRAPH: "TargetVerify", C.DRAFT_GRAPH: "DraftStep"}},
+                          "modules": {C.TARGET_GRAPH: "TargetVerify", C.TARGET_FUSED_GRAPH: "TargetVerify",
+                                      C.DRAFT_GRAPH: "DraftStep", C.DRAFT_TREE_GRAPH: "DraftTree"}},
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
             "draft_embedding": None if self.embedding is None else self.embedding.to_dict(),
             "greedy_vs_transformers": self.greedy.to_dict(),
@@ -893,6 +919,7 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
 def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
               prompt_specs=None) -> ValidationReport:
     from eagle_export.errors import CheckpointError
+    from eagle_export.export.draft_tree import DraftTree
     from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
     from eagle_export.export.modules import DraftStep, TargetVerify
     from eagle_export.prompts import PromptFileError, prompt_ids
@@ -961,6 +988,12 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng, rt.generator.embedding),
         None if eagle3 else head.layers, runner_cls, fc=head.fc,
         full_logprobs=lambda hidden: _target_logprobs(head, hidden, m), head3=head if eagle3 else None)
+    if C.DRAFT_TREE_GRAPH in m.graphs:
+        log("comparing draft_tree")
+        axes = m.graphs[C.DRAFT_TREE_GRAPH].axes
+        dt = DraftTree(head, m.tree_limits.max_top_k, axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]).eval()
+        graphs[C.DRAFT_TREE_GRAPH] = check_graph(directory, m, C.DRAFT_TREE_GRAPH, dt,
+                                                 tree_cases(m, rng, rt.generator.embedding), None, runner_cls)
     # Capped at the tolerance: a broken graph's large errors must not turn every difference into a tie.
     deciding = (graphs[C.TARGET_GRAPH].outputs[C.LOGITS], graphs[C.DRAFT_GRAPH].outputs[C.TOPK_LOGPROBS],
                 *([graphs[C.TARGET_FUSED_GRAPH].outputs[C.LOGITS]] if C.TARGET_FUSED_GRAPH in graphs else []))
