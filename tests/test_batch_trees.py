@@ -20,7 +20,9 @@ from eagle_export.runtime.scheduler import RequestStream
 from eagle_export.tree_params import BatchTree, BatchTrees, TreeParams
 
 B = 4
-T1 = TreeParams(top_k=2, depth=2, total_tokens=4)  # verifies 5 rows
+# verifies 7 rows; top_k 4 and a depth within tree_defaults' (4, 3, 12): the draft tree graph grows it with the context
+# pass, so switching away from it must drop a tree grown for the next round
+T1 = TreeParams(top_k=4, depth=2, total_tokens=6)
 T4 = TreeParams(top_k=1, depth=3, total_tokens=3)  # verifies 4 rows
 OWN = TreeParams(top_k=3, depth=2, total_tokens=7)  # an explicit tree: verifies 8 rows
 # 1 sequence: T1; 2 and 3: no draft; 4: T4 (tree_defaults, top_k 4 / 12 tokens, is none of them)
