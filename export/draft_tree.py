@@ -98,7 +98,7 @@ class DraftTree(nn.Module):
             out_p.append(front.unsqueeze(-1).expand(bsz, k, k).reshape(bsz, k * k))
             if level < self.depth:
                 if k == 1:  # the one child is the next frontier, fed from this level's only row
-                    scores, tokens, front, hidden = cand, cand_t, front + count, h
+                    scores, tokens, front, hidden = cand, cand_t, torch.zeros_like(front) + count, h
                 else:
                     scores, best = torch.topk(cand, k, dim=-1)  # ties: the lower index first (ONNX TopK), as the grower
                     rows = torch.div(best, k, rounding_mode="floor")  # each new node's parent row in this frontier

@@ -63,6 +63,24 @@ def test_tree_graph_grows_the_step_graphs_trees_in_one_call_a_round(models, pres
                 assert got.stats.draft_forwards == want.stats.draft_forwards
 
 
+def test_tree_graph_grows_the_chain_of_the_trained_fixture(trained):
+    """The fixture's EAGLE-1/2 artifact has a chain for its default tree (top_k 1, the graph's own shape without a
+    frontier choice): the same trees round by round as the step graph, one draft call a round, and a real
+    acceptance (a trained head)."""
+    art = trained("eagle1")
+    m = load_manifest(art)
+    assert m.tree_defaults.top_k == 1 and m.graphs[C.DRAFT_TREE_GRAPH].axes[C.TREE_DEPTH][0] == m.tree_defaults.depth
+    one = EagleRuntime.open(art, threads=1)
+    levels = EagleRuntime.open(art, threads=1, draft_tree=False)
+    for prompt in ("def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"):
+        ids = one.encode(prompt)
+        got, got_trees = _rounds(one, ids, 48, m.tree_defaults)
+        want, want_trees = _rounds(levels, ids, 48, m.tree_defaults)
+        assert got.tokens == want.tokens and got_trees == want_trees
+        assert got.stats.draft_forwards == got.stats.rounds
+        assert got.stats.tau > 2.5  # the chain's depth reaches: a trained head accepts several tokens a round
+
+
 def test_tree_graph_equals_its_module_and_the_growers_choice(models):
     """The traced graph against the eager module it came from, with a frontier choice that is decided by ties in
     generation order: two sequences in one call, one past shared by neither."""
