@@ -200,15 +200,20 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
     elif seed is None:  # pick one, so the run can be repeated from the JSON output
         sampling = sampling.with_seed(secrets.randbelow(2**31))
     rt = EagleRuntime.open(artifact, backend=backend)
-    d = rt.manifest.tree_defaults
+    m = rt.manifest
+    d = m.tree_defaults
     tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
                       total_tokens if total_tokens is not None else d.total_tokens)
+    if (top_k, depth, total_tokens) == (None, None, None) and m.batch_trees is not None:
+        tree = None  # no tree given: the artifact's per-batch table picks it (one sequence: its first row)
     kwargs = dict(max_new_tokens=max_new_tokens, tree=tree, use_draft=not no_draft, stop_on_eos=not ignore_eos)
+    shown = tree or (m.batch_trees.pick(1) if m.batch_trees is not None else d)
     if prompt_ids is not None:
         kwargs["prompt_ids"] = _parse_ids(prompt_ids)
     if chat:
         kwargs["messages"], prompt = user_message(prompt), None
-    settings = {"mode": "no-draft" if no_draft else "eagle", "tree": None if no_draft else tree.to_dict(),
+    settings = {"mode": "no-draft" if no_draft or shown is None else "eagle",
+                "tree": None if no_draft or shown is None else shown.to_dict(),
                 "sampling": None if sampling is None else sampling.to_dict()}
     if samples is not None:
         _generate_samples(rt, prompt, kwargs, sampling, samples, settings, as_json)
@@ -446,27 +451,39 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
 @click.option("--plot", "plot_file", type=click.Path(path_type=Path), default=None,
               help="Draw speedup versus tree size to this PNG (needs matplotlib).")
 @click.option("--dry-run", is_flag=True, help="Measure and report; leave the manifest as it is.")
+@click.option("--batch-sizes", default="auto", show_default=True,
+              help="Numbers of concurrent sequences to tune a tree for (e.g. 1,2,4; auto: 1, 2, 4, ... up to the "
+                   "artifact's --max-batch). Sizes >= 2 add a batched stage and the manifest's batch_trees table.")
+@click.option("--batch-requests", type=click.IntRange(min=1), default=None,
+              help="Requests per batched pass [default: 2 x N, at least the prompts].")
+@click.option("--batch-repeats", type=click.IntRange(min=1), default=None,
+              help="Pass pairs per candidate and N in the batched stage [default: --repeats].")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run) -> None:
+             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
-    tree_defaults (see docs/tune.md).
+    tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
+    docs/tune.md).
 
     Exit status 0 when done, 1 when a setting was lossy (nothing written), 2 on an error in what you give.
     """
     from .prompts import read_prompts
     from .tools.commands.bench import require_matplotlib
-    from .tools.commands.tune import Grid, plot_speedup, tune, write_winner
+    from .tools.commands.tune import Grid, parse_list, plot_speedup, tune, write_winner
 
     Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything
+    if batch_sizes != "auto":
+        parse_list(batch_sizes, "--batch-sizes", 1)
     if plot_file is not None:
         require_matplotlib()
     prompts = read_prompts(prompts_file) if prompts_file is not None else None
     log = None if as_json else (lambda msg: click.echo(f"[tune] {msg}", err=True))
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
-                  refine=not no_refine, log=log)
+                  refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
+                  batch_repeats=batch_repeats)
+    lossy = bool(report.lossy) or not report.batch_lossless
     written = False
-    if not dry_run and not report.lossy:
+    if not dry_run and not lossy:
         write_winner(artifact, report)
         written = True
     if as_json:
@@ -479,15 +496,18 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
             w = report.winner.tree
             click.echo(f"wrote tree_defaults top_k {w.top_k}, depth {w.depth}, total_tokens {w.total_tokens} "
                        f"into {Path(artifact) / 'manifest.json'}")
+            if report.batch_table is not None:
+                click.echo(f"wrote batch_trees ({len(report.batch_table.rows)} rows) into "
+                           f"{Path(artifact) / 'manifest.json'}")
         elif dry_run:
             click.echo("dry run: manifest not changed")
     if plot_file is not None:
         plot_speedup(report, plot_file)
         if not as_json:
             click.echo(f"speedup plot: {plot_file}")
-    if report.lossy:
-        click.echo(f"error: {len(report.lossy)} setting(s) were lossy (EAGLE tokens differ from no-draft): "
-                   "manifest not changed", err=True)
+    if lossy:
+        click.echo(f"error: {len(report.lossy) or 'a batched'} setting(s) were lossy (EAGLE tokens differ from "
+                   "no-draft): manifest not changed", err=True)
         sys.exit(1)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from . import contract as C
 from .contract import CONTRACT_VERSION, GraphSpec, spec_from_dict
-from .errors import EagleExportError, ManifestError
-from .tree_params import TreeLimits, TreeParams
+from .errors import EagleExportError, GenerationError, ManifestError
+from .tree_params import BatchTrees, TreeLimits, TreeParams
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 2
@@ -181,6 +181,9 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     engines: EnginesInfo | None = None  # set by `eagle-export build`; older manifests have none
     tuned: TunedInfo | None = None  # set by `eagle-export tune`; older manifests have none
+    # The tree per number of active sequences (`eagle-export tune --batch-sizes`; None: tree_defaults at any count).
+    # Added in schema 2 without a bump: an older runtime ignores it.
+    batch_trees: BatchTrees | None = None
     # Every file the export wrote beside manifest.json, name -> bytes (graphs, their data files, tokenizer files);
     # older manifests have none.
     files: dict[str, int] = field(default_factory=dict)
@@ -209,6 +212,7 @@ class Manifest:
             "versions": self.versions,
             **({"engines": self.engines.to_dict()} if self.engines is not None else {}),
             **({"tuned": self.tuned.to_dict()} if self.tuned is not None else {}),
+            **({"batch_trees": self.batch_trees.to_list()} if self.batch_trees is not None else {}),
             **({"files": dict(self.files)} if self.files else {}),
         }
 
@@ -226,14 +230,16 @@ class Manifest:
             k: GraphEntry(v["file"], spec_from_dict(v["spec"]), {a: list(r) for a, r in v["axes"].items()})
             for k, v in d["graphs"].items()
         }
+        limits = TreeLimits(**d["tree_limits"])
         return cls(
             variant=d["variant"], dtype=d["dtype"], max_seq_len=int(d["max_seq_len"]),
-            tree_limits=TreeLimits(**d["tree_limits"]), tree_defaults=TreeParams(**d["tree_defaults"]),
+            tree_limits=limits, tree_defaults=TreeParams(**d["tree_defaults"]),
             target=TargetInfo(**d["target"]), draft=DraftInfo(**d["draft"]), graphs=graphs,
             has_tokenizer=bool(d["has_tokenizer"]), draft_embedding=TableRef(**d["draft_embedding"]),
             versions=dict(d.get("versions", {})),
             engines=EnginesInfo.from_dict(d["engines"]) if d.get("engines") is not None else None,
             tuned=TunedInfo.from_dict(d["tuned"]) if d.get("tuned") is not None else None,
+            batch_trees=BatchTrees.from_list(d["batch_trees"], limits) if d.get("batch_trees") is not None else None,
             files={str(k): int(v) for k, v in (d.get("files") or {}).items()},
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
@@ -267,6 +273,8 @@ def load_manifest(directory: str | Path) -> Manifest:
         manifest = Manifest.from_dict(raw)
     except (KeyError, TypeError, ValueError) as e:
         raise ManifestError(f"{path} is malformed ({type(e).__name__}: {e}): re-export") from None
+    except GenerationError as e:  # a bad batch_trees table (BatchTrees.from_list)
+        raise ManifestError(f"{path}: {e}: rerun `eagle-export tune --batch-sizes`, or delete the key") from None
     check_manifest(manifest, path)
     for name, entry in manifest.graphs.items():
         if not (directory / entry.file).is_file():
@@ -274,8 +282,10 @@ def load_manifest(directory: str | Path) -> Manifest:
     return manifest
 
 
-def set_tree_defaults(directory: str | Path, tree: TreeParams, tuned: TunedInfo | None = None) -> Manifest:
-    """Replace the artifact's ``tree_defaults`` (and its ``tuned`` record) in manifest.json, atomically.
+def set_tree_defaults(directory: str | Path, tree: TreeParams | None, tuned: TunedInfo | None = None,
+                      batch_trees: BatchTrees | None = None) -> Manifest:
+    """Replace the artifact's ``tree_defaults`` (unless None; and its ``tuned`` record, and its ``batch_trees`` table
+    when given) in manifest.json, atomically.
 
     The file is edited as JSON, not re-serialised from a Manifest, so every other key keeps its value and order
     (keys this version does not know included). The result is checked like any manifest before the rename."""
@@ -284,12 +294,18 @@ def set_tree_defaults(directory: str | Path, tree: TreeParams, tuned: TunedInfo 
     path = directory / MANIFEST_NAME
     raw = json.loads(path.read_text())
     try:
-        tree.validate(TreeLimits(**raw["tree_limits"]))
+        if tree is not None:
+            tree.validate(TreeLimits(**raw["tree_limits"]))
+        if batch_trees is not None:
+            BatchTrees.from_list(batch_trees.to_list(), TreeLimits(**raw["tree_limits"]))
     except EagleExportError as e:
-        raise ManifestError(f"{path}: cannot set tree_defaults: {e}") from None
-    raw["tree_defaults"] = tree.to_dict()
+        raise ManifestError(f"{path}: cannot set tree_defaults / batch_trees: {e}") from None
+    if tree is not None:
+        raw["tree_defaults"] = tree.to_dict()
     if tuned is not None:
         raw["tuned"] = tuned.to_dict()
+    if batch_trees is not None:
+        raw["batch_trees"] = batch_trees.to_list()
     manifest = Manifest.from_dict(raw)
     check_manifest(manifest, path)
     tmp = path.with_name(f".{MANIFEST_NAME}.partial")
@@ -345,6 +361,9 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
         fail(f"draft.num_layers must be a positive integer, got {d.num_layers!r}")
     if d.feature_dim != t.feature_dim:
         fail(f"draft.feature_dim {d.feature_dim} != target.feature_dim {t.feature_dim}")
+    if m.batch_trees is not None and m.batch_trees.rows[-1].active > m.max_batch:
+        raise ManifestError(f"{path}: batch_trees has a row for {m.batch_trees.rows[-1].active} active sequences, more "
+                            f"than the artifact's --max-batch {m.max_batch}: rerun `eagle-export tune --batch-sizes`")
     if m.tree_limits.max_top_k > d.vocab_size:
         fail(f"tree_limits.max_top_k {m.tree_limits.max_top_k} exceeds draft.vocab_size {d.vocab_size}")
     # The graph specs must say the same widths as the fields the runtime sizes its buffers from.

@@ -97,3 +97,80 @@ class TreeLimits:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class BatchTree:
+    """One row of a per-batch table: from ``active`` sequences in a round on (up to the next row), rounds use
+    ``tree``; None: no draft (plain one-token rounds, where batched plain decoding was measured faster)."""
+
+    active: int
+    tree: TreeParams | None
+    speedup: float | None = None  # what `tune` measured for it against batched plain decoding (informational)
+
+    def to_dict(self) -> dict:
+        d: dict = {"active": self.active, "tree": None if self.tree is None else self.tree.to_dict()}
+        if self.speedup is not None:
+            d["speedup"] = self.speedup
+        return d
+
+
+@dataclass(frozen=True)
+class BatchTrees:
+    """The tree per number of active sequences (`eagle-export tune --batch-sizes`, manifest key ``batch_trees``):
+    rows sorted by ``active``, the first for 1 sequence. A round of A sequences uses the row with the largest
+    ``active`` <= A (counts between measured ones take the smaller one's tree; above the last, the last's)."""
+
+    rows: tuple[BatchTree, ...]
+
+    def pick(self, active: int) -> TreeParams | None:
+        """The tree of a round with ``active`` sequences (None: no draft)."""
+        chosen = self.rows[0]
+        for row in self.rows:
+            if row.active > active:
+                break
+            chosen = row
+        return chosen.tree
+
+    def trees(self) -> list[TreeParams]:
+        """The table's distinct trees (no-draft rows left out)."""
+        return list(dict.fromkeys(r.tree for r in self.rows if r.tree is not None))
+
+    def to_list(self) -> list[dict]:
+        return [r.to_dict() for r in self.rows]
+
+    @classmethod
+    def from_list(cls, raw, limits: TreeLimits | None = None) -> BatchTrees:
+        """Parse and check the manifest's list; any problem is a GenerationError naming the row and the fix."""
+        if not isinstance(raw, list) or not raw:
+            raise GenerationError(f"batch_trees must be a non-empty list of {{active, tree}} rows, got {raw!r}")
+        rows: list[BatchTree] = []
+        for i, r in enumerate(raw):
+            where = f"batch_trees[{i}]"
+            if not isinstance(r, dict) or not {"active", "tree"} <= set(r) or set(r) - {"active", "tree", "speedup"}:
+                raise GenerationError(f"{where} must be an object with keys active, tree (and optionally speedup), "
+                                      f"got {r!r}")
+            active = r["active"]
+            if not isinstance(active, int) or isinstance(active, bool) or active < 1:
+                raise GenerationError(f"{where}.active must be an integer >= 1, got {active!r}")
+            if rows and active <= rows[-1].active:
+                raise GenerationError(f"{where}.active {active} must be larger than the row before's "
+                                      f"({rows[-1].active}): rows are sorted by active sequences")
+            t = r["tree"]
+            if t is None:
+                tree = None
+            elif isinstance(t, dict) and set(t) == {"top_k", "depth", "total_tokens"}:
+                try:
+                    tree = TreeParams(**t).validate(limits)
+                except GenerationError as e:
+                    raise GenerationError(f"{where}.tree: {e}") from None
+            else:
+                raise GenerationError(f"{where}.tree must be null (no draft) or {{top_k, depth, total_tokens}}, "
+                                      f"got {t!r}")
+            speedup = r.get("speedup")
+            if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
+                raise GenerationError(f"{where}.speedup must be a number, got {speedup!r}")
+            rows.append(BatchTree(active, tree, None if speedup is None else float(speedup)))
+        if rows[0].active != 1:
+            raise GenerationError(f"batch_trees must start at active 1 (one sequence), got {rows[0].active}")
+        return cls(tuple(rows))

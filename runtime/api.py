@@ -326,7 +326,8 @@ class EagleRuntime:
           messages: a conversation ``[{"role": "user", "content": "..."}, ...]``, rendered with the tokenizer's
             chat template with the generation prompt appended (needs a tokenizer that has one).
         max_new_tokens: most tokens to generate (the artifact's capacity may end it sooner: finish "capacity").
-        tree: the draft tree (``TreeParams(top_k, depth, total_tokens)``); None: the artifact's ``tree_defaults``.
+        tree: the draft tree (``TreeParams(top_k, depth, total_tokens)``); None: the artifact's ``tree_defaults``, or
+          each round's tree from its per-batch table (manifest ``batch_trees``) where it has one.
         use_draft: False for plain autoregressive decoding on the same target graph.
         stop_on_eos: False to keep generating past end-of-sequence tokens.
         sampling: None (or temperature 0) for greedy; else ``SamplingParams(temperature, top_p, top_k, seed)``,

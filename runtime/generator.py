@@ -55,6 +55,7 @@ from .tree import Frontier, TreeGrower, VerifyTree
 from .views import HostScratch, RowBuffers, view_of
 
 log = logging.getLogger(__name__)
+KEEP = object()  # Generator.round: every sequence keeps its tree (no per-batch table applied)
 FINISH_REASONS = ("eos", "length", "capacity")
 
 
@@ -120,9 +121,14 @@ class Slot:
     error: BaseException | None = None
     t_join: float = 0.0
     ready: bool = False  # the grower holds this round's candidates already (the draft tree graph grew them)
+    lag: list[int] = field(default_factory=list)  # tokens of rounds without a draft, not yet in the draft cache
 
     def __post_init__(self) -> None:
-        t = self.tree = self.req.tree  # None: no draft
+        self.set_tree(self.req.tree)
+
+    def set_tree(self, t: TreeParams | None) -> None:
+        """The tree of this slot's next rounds (None: no draft)."""
+        self.tree = t
         self.k, self.depth = (t.top_k, t.depth) if t is not None else (0, 0)
         # Rows a round may write past L. Target: the accepted path (root + at most depth + 1 draft tokens, never
         # more than the verify tree's nodes). Draft: every tree level's frontier, or the next context pass.
@@ -160,6 +166,8 @@ class Generator:
         K = lim.max_top_k
         t_rows = max(self.chunk, B * verify_rows)
         d_rows = max(self.chunk, B * max(K, ctx_rows))
+        # Per slot: target features of tokens committed in rounds without a draft, until a context pass (_draft_lag)
+        self._lag_rows = max(1, min(d_rows // B, max(self.chunk, ctx_rows)))
         t_slot = self.capacity + verify_rows  # rows per slot region, as a single sequence's cache
         d_slot = self.capacity + lim.max_draft_rows + lim.max_context_rows
         # The target graph this backend runs: ONNX Runtime's fused graph writes its cache in place (contract 4).
@@ -193,6 +201,7 @@ class Generator:
             "dembeds": zeros((1, d_rows, d.hidden_size), dtype),  # the draft's tokens' embedding rows
             "dfeats_in": zeros((1, d_rows, d.feature_dim), dtype),  # context passes
             "dhidden_in": zeros((1, B * K, d.hidden_size), dtype),  # tree levels
+            "lagfeats": zeros((1, B * self._lag_rows, t.feature_dim), dtype),  # features of lagging tokens
         }
         for k, v in bufs.items():
             setattr(self, k, v)
@@ -402,10 +411,12 @@ class Generator:
               rng: np.random.Generator | None = None, on_round=None) -> Request:
         """One generation's settings, checked (GenerationError naming the problem), as a ``Request``."""
         check_max_new(max_new_tokens)
+        tuned = use_draft and tree is None and self.m.batch_trees is not None
         if use_draft:
             tree = tree or self.m.tree_defaults
-            tree.validate(self.m.tree_limits)
-            self.backend.check_tree(tree)  # engines may be built for smaller trees
+            for t in (tree, *(self.m.batch_trees.trees() if tuned else ())):
+                t.validate(self.m.tree_limits)
+                self.backend.check_tree(t)  # engines may be built for smaller trees
         else:
             tree = None
         if sampling is not None:
@@ -428,7 +439,7 @@ class Generator:
         if ids.size > self.capacity:
             raise GenerationError(f"the prompt has {ids.size} tokens, more than the artifact's capacity "
                                   f"(--max-seq-len) of {self.capacity}")
-        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng, on_round=on_round)
+        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng, on_round=on_round, tuned=tuned)
 
     @property
     def free(self) -> int:
@@ -554,13 +565,23 @@ class Generator:
                 plan.moves += 1
 
     # ---- one round for every active slot -------------------------------------------------------
-    def round(self) -> list[Slot]:
+    def round(self, tuned: TreeParams | None | object = KEEP) -> list[Slot]:
         """One round: grow every slot's tree (one draft call per level), verify all trees in one target call,
-        accept and commit per slot, one draft context call; returns the slots that finished (already removed)."""
+        accept and commit per slot, one draft context call; returns the slots that finished (already removed).
+
+        tuned: the tree of this round for the sequences without an explicit tree (``Request.tuned``), as the
+        scheduler picks it from the artifact's per-batch table: a TreeParams, or None for a plain one-token round;
+        KEEP: every sequence keeps the tree it has."""
         slots = self.active
         if not slots:
             return []
+        if tuned is not KEEP:
+            for s in slots:
+                if s.req.tuned and s.tree != tuned:
+                    self._set_tree(s, tuned)
         self._fit(slots)
+        if any(s.lag and s.grower is not None for s in slots):  # drafting again: the draft cache catches up first
+            self._draft_lag(slots, lambda s: s.grower is not None)
         drafting = [s for s in slots if s.grower is not None and not s.ready]
         if drafting:
             self._grow_tree(slots, drafting)
@@ -575,6 +596,8 @@ class Generator:
             except Exception as e:  # noqa: BLE001 - this request fails alone (its logits, its settings)
                 s.error, s.tokens = e, []
         self._draft_context(slots, tt)
+        if any(s.grower is None and s.req.tree is not None for s in slots):
+            self._keep_lag(slots, tt)
         return self._retire()
 
     def _grow_tree(self, slots: list[Slot], drafting: list[Slot]) -> None:
@@ -848,9 +871,71 @@ class Generator:
             self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
             self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
             self.ctx_hidden[b].copy_(self.ctx_hidden[last])
+            if t.lag:
+                P = self._lag_rows
+                self._gather("lagfeats", b * P, "lagfeats", self._arange[last * P:last * P + len(t.lag)])
             self.active[b] = t
         self.active.pop()
         self._release_grower(s)
+
+    # ---- per-batch trees: a sequence's tree may change between rounds ------------------------
+    def _set_tree(self, s: Slot, tree: TreeParams | None) -> None:
+        """Give slot s another tree for its next rounds (None: no draft), trading its grower (and a tree the tree graph
+        grew for the old one) for one of that tree."""
+        self._release_grower(s)
+        s.set_tree(tree)
+        if tree is not None:
+            s.grower = self._take_grower(tree)
+
+    def _keep_lag(self, slots: list[Slot], tt: int) -> None:
+        """After a round: a continuing sequence that can draft but had no draft this round keeps its root's target
+        feature and its new token for the draft's context pass (``_draft_lag``), run when it drafts again or
+        when its lag rows are full."""
+        P = self._lag_rows
+        for b, s in enumerate(slots):
+            if s.grower is None and s.req.tree is not None and s.reason is None and s.error is None:
+                self._gather("lagfeats", b * P + len(s.lag), "tfeats", self._arange[b * tt:b * tt + 1])
+                s.lag.append(s.tokens[0])
+        self._draft_lag(slots, lambda s: len(s.lag) >= P and s.reason is None and s.error is None)
+
+    def _draft_lag(self, slots: list[Slot], due) -> None:
+        """The draft's context pass over the lagging tokens of the slots ``due`` selects, in one call (as
+        ``_draft_context`` over a round's accepted tokens): their draft cache rows, then their context row."""
+        widths = [len(s.lag) if s.lag and due(s) else 0 for s in slots]
+        mm = max(widths)
+        if not mm:
+            return
+        a, P, stride = len(slots), self._lag_rows, self.dplan.stride
+        past = slots[0].L - widths[0] if a == 1 else stride
+        mask = self._mask.take((a, mm, past + mm))
+        if a > 1:
+            mask[:] = False
+        ids = self._ids.array[:a * mm].reshape(a, mm)
+        pos = self._pos.array[:a * mm].reshape(a, mm)
+        used = 0
+        for b, s in enumerate(slots):
+            m = widths[b]
+            L0 = s.L - m  # the lagging tokens' rows are [L0, L)
+            if m:
+                self._gather("dfeats_in", b * mm, "lagfeats", self._arange[b * P:b * P + m])
+                ids[b, :m] = s.lag
+                pos[b, :m] = self._arange[L0:L0 + m]
+                mask[b, :m, :L0] = True
+                mask[b, :m, past:past + m] = self._tri[:m, :m]
+                used += L0
+            for i in range(m, mm):
+                ids[b, i] = 0
+                pos[b, i] = s.L
+                mask[b, i, past + i] = True
+        self.padding.add(a * past, used)
+        self._run_draft(a, mm, mm, past)
+        for b, s in enumerate(slots):
+            m = widths[b]
+            if m:
+                self.dcache.write(b * stride + s.L - m, m, src=b * mm)
+                self._note_draft_positions(s, s.L - 1)
+                self._keep_context_row(b, b * mm + m - 1)
+                s.lag.clear()
 
     def _finish(self, s: Slot, reason: str) -> None:
         s.stats.decode_s = time.perf_counter() - s.t_join - s.stats.prefill_s
@@ -886,7 +971,7 @@ class Generator:
             if sink.tokens:
                 yield sink.take()
             while slot is not None and slot in self.active:
-                self.round()
+                self.round(self.m.batch_trees.pick(1) if req.tuned else KEEP)
                 if sink.tokens:
                     yield sink.take()
         finally:

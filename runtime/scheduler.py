@@ -2,7 +2,10 @@
 
 Between rounds the scheduler admits waiting requests into free slots (each is prefilled, then joins the next
 verify), runs one batched round over every active sequence, and hands each request's committed tokens to its
-stream. A request that fails (bad prompt ids, a sampling error on its own logits) fails its own stream only; a
+stream. Each round's tree for the requests without an explicit tree comes from the artifact's per-batch table
+(manifest ``batch_trees``, written by ``eagle-export tune --batch-sizes``) at that round's number of active
+sequences: a tree, or no draft (plain one-token rounds) where batched plain decoding was measured faster.
+A request that fails (bad prompt ids, a sampling error on its own logits) fails its own stream only; a
 failed graph call fails the requests that were in it, and the scheduler goes on with the next ones.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from eagle_export.errors import GenerationError
 
 from . import stream_text
-from .generator import GenerationResult, Generator
+from .generator import KEEP, GenerationResult, Generator
 from .logprobs import TokenLogprob
 from .slots import Request
 from .stream_text import StreamChunk
@@ -178,6 +181,7 @@ class Scheduler:
         self.rounds = 0  # batched rounds run (bench: rounds x graph calls shared by the batch)
         self.active_per_round: list[int] = []  # sequences in each round
         self.join_rounds: list[int] = []  # for each admitted request, the round count when it joined
+        self.table = gen.m.batch_trees  # the tree per number of active sequences (None: each request's own)
         # called after each batched round with (seconds, sequences in it), from the scheduler thread (a server's
         # metrics); an exception in it is logged, never fails a request
         self.on_round: Callable[[float, int], None] | None = None
@@ -242,7 +246,7 @@ class Scheduler:
                 try:
                     t0 = time.perf_counter()
                     n = len(gen.active)
-                    gen.round()
+                    gen.round(self.table.pick(n) if self.table is not None else KEEP)
                     self.rounds += 1
                     self._report_round(time.perf_counter() - t0, n)
                 except Exception as e:  # noqa: BLE001 - a graph call failed: its requests fail, others go on

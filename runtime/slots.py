@@ -124,6 +124,9 @@ class Request:
     rng: np.random.Generator | None = None
     on_round: object | None = None  # trace hook: called with (VerifyTree, Accepted) after each verify round
     logprobs: int | None = None  # None: none (no cost); N: each kept token's log-prob and N alternatives to the sink
+    # The tree came from the artifact (no explicit tree): rounds follow its per-batch table (manifest batch_trees)
+    # where it has one; ``tree`` is then the default tree the request starts from.
+    tuned: bool = False
 
 
 def check_max_new(max_new_tokens) -> int:

@@ -213,13 +213,14 @@ def _start(engine: ServeEngine, body, chat: bool, endpoint: str, t0: float):
             ids = engine.prompt_ids(messages=[{"role": mm.role, "content": mm.text()} for mm in body.messages])
         else:
             ids = engine.prompt_ids(body.prompt)
-        tree = None if opts is not None and opts.no_draft else engine.tree(
+        no_draft = opts is not None and opts.no_draft
+        tree = None if no_draft else engine.tree(
             *((opts.top_k, opts.depth, opts.total_tokens) if opts is not None else (None, None, None)))
         max_new = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
         if max_new is None:
             max_new = max(engine.capacity - len(ids), 1) if chat else 16
         return engine.submit(ids, n=body.n, max_new_tokens=max_new, tree=tree,
-                             use_draft=tree is not None, stop_on_eos=not (opts is not None and opts.ignore_eos),
+                             use_draft=not no_draft, stop_on_eos=not (opts is not None and opts.ignore_eos),
                              temperature=body.temperature, top_p=body.top_p, seed=body.seed,
                              per_round=body.stream or bool(body.stop_strings()), endpoint=endpoint, t0=t0,
                              logprobs=body.top_logprobs_asked())

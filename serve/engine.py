@@ -145,8 +145,12 @@ class ServeEngine:
                                 f"{self.max_prompt_tokens} (capacity {self.capacity} = prompt + generated tokens)")
         return ids
 
-    def tree(self, top_k: int | None, depth: int | None, total_tokens: int | None) -> TreeParams:
+    def tree(self, top_k: int | None, depth: int | None, total_tokens: int | None) -> TreeParams | None:
+        """The request's tree: its fields over tree_defaults; None when it gives none and the artifact has a
+        per-batch table (manifest batch_trees): the scheduler then picks each round's tree from the batch size."""
         d = self.rt.manifest.tree_defaults
+        if (top_k, depth, total_tokens) == (None, None, None) and self.rt.manifest.batch_trees is not None:
+            return None
         t = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
                        total_tokens if total_tokens is not None else d.total_tokens)
         return t.validate(self.rt.manifest.tree_limits)
@@ -192,7 +196,8 @@ class ServeEngine:
                 self._in_flight -= n
             self._gauges()
             raise
-        job = Job(streams, len(ids), asyncio.Queue(), seeds, tree if use_draft else None, per_round, endpoint,
+        shown = (tree or self.rt.manifest.tree_defaults) if use_draft else None  # as tuned: the default's
+        job = Job(streams, len(ids), asyncio.Queue(), seeds, shown, per_round, endpoint,
                   t0 if t0 is not None else time.perf_counter())
         loop = asyncio.get_running_loop()
         for i, s in enumerate(streams):

@@ -215,7 +215,8 @@ def test_bench_concurrency_json(models, ids_file, tmp_path):
     out = bench_json(art, "--prompts", ids_file, "--max-new-tokens", 12, "--concurrency", "1,2", "--requests", 4)
     agg = out["aggregate"]
     assert agg["concurrency"] == 2 and agg["requests"] == 4 and agg["lossless"] is True
-    assert set(agg["throughput_tokens_per_s"]) == {"eagle", "no_draft"}
+    assert set(agg["throughput_tokens_per_s"]) == {"eagle", "no_draft", "tuned"}
+    assert agg["throughput_tokens_per_s"]["tuned"] is None and agg["batch_trees"] is None  # no table: no tuned mode
     assert set(agg["latency_s"]) == {"p50", "p95"} and 0 < agg["latency_s"]["p50"] <= agg["latency_s"]["p95"]
     assert [lv["concurrency"] for lv in out["levels"]] == [1, 2]
     for lv in out["levels"]:

@@ -6,9 +6,11 @@
 
 For each N, one runtime opened with ``max_batch=N`` serves ``requests`` (M) greedy requests (EOS ignored) from N
 client threads: each client submits a request, waits for its end, and submits the next, so N requests are in
-flight. The same M requests then run with ``use_draft=False`` on the same runtime (batched plain decoding). One
-warm-up pass of each mode (N requests) comes first and is not counted. With ``repeats`` R, the two passes
-alternate R times and each mode reports its pass of median throughput.
+flight. The same M requests then run with ``use_draft=False`` on the same runtime (batched plain decoding), and, when
+the artifact has a per-batch table (manifest ``batch_trees``, ``eagle-export tune``), once more with no tree given:
+EAGLE as tuned, each round's tree (or no draft) picked by the scheduler from the active count. One warm-up pass of
+each mode (N requests) comes first and is not counted. With ``repeats`` R, the passes alternate R times and each
+mode reports its pass of median throughput.
 
 Measured per mode (docs/bench.md, "Concurrency"):
 
@@ -19,7 +21,7 @@ Measured per mode (docs/bench.md, "Concurrency"):
   timing proxy around the runtime's backend (as ``bench``): with one scheduler thread doing all the work,
   that is the host side of prefill, tree, acceptance, commit and binding, shared across the batch;
 - padding: the share of bound past rows the common stride adds (runtime/slots.py);
-- lossless: every request's EAGLE tokens equal its batched no-draft tokens.
+- lossless: every request's EAGLE tokens (fixed tree and as tuned) equal its batched no-draft tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from eagle_export.runtime.generator import tau
 from eagle_export.tree_params import TreeParams
 
 from .bench import BenchError, TimingBackend, builtin_prompts, peak_rss_mb
+
+TUNED = "tuned"  # _pass mode: no tree given, the artifact's per-batch table decides each round
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -103,15 +107,18 @@ class Level:
     eagle: ModeFigures
     no_draft: ModeFigures
     lossless: bool
+    tuned: ModeFigures | None = None  # EAGLE as tuned (per-batch table); None when the artifact has none
 
     def aggregate(self) -> dict:
-        e, n = self.eagle, self.no_draft
+        e, n, t = self.eagle, self.no_draft, self.tuned
         return {"concurrency": self.concurrency, "requests": self.requests,
-                "throughput_tokens_per_s": {"eagle": e.throughput, "no_draft": n.throughput},
+                "throughput_tokens_per_s": {"eagle": e.throughput, "no_draft": n.throughput,
+                                            "tuned": None if t is None else t.throughput},
                 "latency_s": {"p50": percentile(e.latencies, 50), "p95": percentile(e.latencies, 95)},
                 "no_draft_latency_s": {"p50": percentile(n.latencies, 50), "p95": percentile(n.latencies, 95)},
                 "tau": e.tau, "host_ms_per_token": {"eagle": e.host_ms_per_token, "no_draft": n.host_ms_per_token},
-                "lossless": self.lossless, "eagle": e.to_dict(), "no_draft": n.to_dict()}
+                "lossless": self.lossless, "eagle": e.to_dict(), "no_draft": n.to_dict(),
+                "tuned": None if t is None else t.to_dict()}
 
 
 @dataclass
@@ -123,12 +130,13 @@ class ConcurrencyReport:
     tree: TreeParams
     levels: list[Level] = field(default_factory=list)
     peak_rss_mb: float = 0.0
+    table: list[dict] | None = None  # the artifact's batch_trees, when it has one (the tuned mode's trees)
 
     def to_dict(self) -> dict:
         last = self.levels[-1].aggregate()
         last.update({"max_new_tokens": self.max_new_tokens, "tree": self.tree.to_dict(), "backend": self.backend,
                      "threads": self.threads, "greedy": True, "stop_on_eos": False, "artifact": self.artifact,
-                     "peak_rss_mb": self.peak_rss_mb})
+                     "peak_rss_mb": self.peak_rss_mb, "batch_trees": self.table})
         return {"aggregate": last, "levels": [lv.aggregate() for lv in self.levels]}
 
     def format(self) -> str:
@@ -140,6 +148,17 @@ class ConcurrencyReport:
                  f"tree top_k {t.top_k} depth {t.depth} total_tokens {t.total_tokens}; {self.max_new_tokens} new "
                  "tokens per request, greedy, EOS ignored)", "", head, "-" * len(head)]
         base = self.levels[0].eagle.throughput if self.levels and self.levels[0].concurrency == 1 else None
+        tuned = [lv for lv in self.levels if lv.tuned is not None]
+        if tuned:
+            lines[1:1] = ["", "EAGLE as tuned (the artifact's batch_trees picks each round's tree from the active "
+                          "count) beside batched plain decoding:", "",
+                          f"{'N':>3}  {'tuned tok/s':>11}  {'no-draft tok/s':>14}  {'tuned/no-draft':>14}  "
+                          f"{'fixed-tree tok/s':>16}  {'tau':>5}  {'seq/round':>9}"]
+            for k, lv in enumerate(tuned):
+                t, n = lv.tuned, lv.no_draft
+                lines.insert(5 + k, f"{lv.concurrency:>3}  {t.throughput:>11.1f}  {n.throughput:>14.1f}  "
+                             f"{t.throughput / max(n.throughput, 1e-12):>13.2f}x  {lv.eagle.throughput:>16.1f}  "
+                             f"{t.tau:>5.2f}  {t.mean_active:>9.2f}")
         for lv in self.levels:
             e, n = lv.eagle, lv.no_draft
             rel = f"{e.throughput / base:>5.2f}x" if base else f"{'-':>6}"
@@ -154,9 +173,10 @@ class ConcurrencyReport:
         return "\n".join(lines)
 
 
-def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_new: int, tree: TreeParams | None,
-          ) -> tuple[ModeFigures, list[list[int]]]:
-    """All prompts through ``clients`` closed-loop client threads; figures and each request's tokens."""
+def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_new: int,
+          tree: TreeParams | str | None) -> tuple[ModeFigures, list[list[int]]]:
+    """All prompts through ``clients`` closed-loop client threads; figures and each request's tokens. tree: a
+    TreeParams, None (no draft) or TUNED (no tree given: the per-batch table)."""
     sched = rt.scheduler
     gen = sched.gen
     tokens: list[list[int] | None] = [None] * len(prompts)
@@ -165,7 +185,7 @@ def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_
     errors: list[BaseException] = []
     lock = threading.Lock()
     todo = iter(range(len(prompts)))
-    kw = dict(tree=tree) if tree is not None else dict(use_draft=False)
+    kw = {} if tree == TUNED else dict(tree=tree) if tree is not None else dict(use_draft=False)
 
     def client() -> None:
         while True:
@@ -237,26 +257,30 @@ def bench_concurrency(artifact: str | Path, *, concurrency: list[int], requests:
                 work = [ids[i % len(ids)] for i in range(m)]
                 use_tree = tree or rt.manifest.tree_defaults
                 use_tree.validate(rt.manifest.tree_limits)
+                table = rt.manifest.batch_trees
+                modes = [use_tree, None] + ([TUNED] if table is not None else [])
                 if report is None:
-                    report = ConcurrencyReport(str(artifact), backend, threads, max_new_tokens, use_tree)
+                    report = ConcurrencyReport(str(artifact), backend, threads, max_new_tokens, use_tree,
+                                               table=None if table is None else table.to_list())
                 gen = rt.scheduler.gen
                 proxy = TimingBackend(gen.backend)
                 gen.backend = proxy
                 say(f"N={n}: warm-up")
-                for t in (use_tree, None):
+                for t in modes:
                     _pass(rt, proxy, work[:n], n, max_new_tokens, t)
-                passes: dict[bool, list[ModeFigures]] = {True: [], False: []}
+                passes: list[list[ModeFigures]] = [[] for _ in modes]
                 lossless = True
                 for r in range(repeats):
-                    say(f"N={n}: {m} EAGLE and {m} no-draft requests from {n} clients (pass {r + 1}/{repeats})")
-                    e, e_tokens = _pass(rt, proxy, work, n, max_new_tokens, use_tree)
-                    nd, nd_tokens = _pass(rt, proxy, work, n, max_new_tokens, None)
-                    passes[True].append(e)
-                    passes[False].append(nd)
-                    lossless = lossless and e_tokens == nd_tokens
-                e, nd = (sorted(passes[u], key=lambda f: f.throughput)[len(passes[u]) // 2] for u in (True, False))
-                report.levels.append(Level(n, m, e, nd, lossless))
-                say(f"N={n}: EAGLE {e.throughput:.1f} tok/s, no-draft {nd.throughput:.1f} tok/s, tau {e.tau:.2f}")
+                    say(f"N={n}: {m} requests from {n} clients per mode: EAGLE, no-draft"
+                        + (", EAGLE as tuned" if table is not None else "") + f" (pass {r + 1}/{repeats})")
+                    got = [_pass(rt, proxy, work, n, max_new_tokens, t) for t in modes]
+                    for i, (fig, _) in enumerate(got):
+                        passes[i].append(fig)
+                    lossless = lossless and all(toks == got[1][1] for _, toks in got)
+                e, nd, *tuned = (sorted(p, key=lambda f: f.throughput)[len(p) // 2] for p in passes)
+                report.levels.append(Level(n, m, e, nd, lossless, tuned[0] if tuned else None))
+                say(f"N={n}: EAGLE {e.throughput:.1f} tok/s, no-draft {nd.throughput:.1f} tok/s, tau {e.tau:.2f}"
+                    + (f", as tuned {tuned[0].throughput:.1f} tok/s" if tuned else ""))
             finally:
                 rt.close()
     finally:
@@ -280,6 +304,8 @@ def plot_throughput(report: ConcurrencyReport, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(ns, [lv.eagle.throughput for lv in report.levels], marker="o", label="EAGLE")
     ax.plot(ns, [lv.no_draft.throughput for lv in report.levels], marker="s", label="no-draft (batched)")
+    if all(lv.tuned is not None for lv in report.levels):
+        ax.plot(ns, [lv.tuned.throughput for lv in report.levels], marker="^", label="EAGLE as tuned")
     ax.set_xlabel("concurrent requests N (max_batch)")
     ax.set_ylabel("aggregate tokens/s")
     ax.set_xticks(ns)

@@ -20,6 +20,11 @@ The search has two stages (see docs/tune.md):
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
    valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
 
+With ``batch_sizes`` (the command's ``--batch-sizes``, default 1, 2, 4, ... up to the artifact's --max-batch), a
+third stage measures, at each number of concurrent sequences N >= 2, a ladder of the best tree of each size against
+batched plain decoding (tools/commands/tune_batch.py), and ``write_winner`` also writes the per-batch table
+``batch_trees`` (N = 1: the single-sequence winner, or no draft if even it is slower than plain decoding).
+
 Every setting must be lossless (EAGLE's tokens equal no-draft's on every prompt and repeat); a lossy one is
 reported and never chosen, and ``write_winner`` refuses a report holding one.
 """
@@ -45,7 +50,9 @@ from eagle_export.tools.commands.bench import (
     save_figure,
     tau_of,
 )
-from eagle_export.tree_params import TreeParams
+from eagle_export.tree_params import BatchTree, BatchTrees, TreeParams
+
+from .tune_batch import SizeRow, default_sizes, format_rows, ladder, tune_batch
 
 if TYPE_CHECKING:
     from eagle_export.manifest import Manifest
@@ -195,6 +202,20 @@ class TuneReport:
     skipped: dict[str, int]  # reason -> grid combinations skipped
     previous: TreeParams  # tree_defaults before the run
     engines_max_tree_tokens: int | None = None  # the artifact's TensorRT engines' verify limit, if built
+    batch: list[SizeRow] = field(default_factory=list)  # stage 3: per number of active sequences N >= 2
+
+    @property
+    def batch_lossless(self) -> bool:
+        return all(c.lossless for row in self.batch for c in row.candidates)
+
+    @property
+    def batch_table(self) -> BatchTrees | None:
+        """The per-batch table to write (None without stage 3): N = 1 from the single-sequence winner."""
+        w = self.winner
+        if not self.batch or w is None:
+            return None
+        one = BatchTree(1, w.tree if w.speedup >= 1 else None, round(w.speedup, 3))
+        return BatchTrees((one, *(row.choice for row in self.batch)))
 
     @property
     def lossy(self) -> list[SettingRow]:
@@ -212,7 +233,8 @@ class TuneReport:
                 "greedy": True, "stop_on_eos": False, "ranked_by": RANKED_BY, "grid": self.grid.to_dict(),
                 "refine": self.refine, "skipped": dict(self.skipped), "settings": [r.to_dict() for r in self.rows],
                 "lossless": not self.lossy, "previous": self.previous.to_dict(),
-                "winner": None if w is None else w.to_dict()}
+                "winner": None if w is None else w.to_dict(), "batch": [row.to_dict() for row in self.batch],
+                "batch_trees": None if self.batch_table is None else self.batch_table.to_list()}
 
     def format(self) -> str:
         head = f"{'#':>3}  {'top_k':>5}  {'depth':>5}  {'total':>5}  {'stage':>6}  {'tau':>5}  " \
@@ -244,6 +266,11 @@ class TuneReport:
                              "needs explicit tree settings (or tune there, or rebuild with a larger --max-tree-tokens)")
         for r in self.lossy:
             lines.append(f"LOSSY: {r.label()}: EAGLE tokens differ from no-draft on {', '.join(r.lossy_prompts)}")
+        table = self.batch_table
+        if table is not None:
+            lines += format_rows(self.batch, table.rows[0])
+            if not self.batch_lossless:
+                lines.append("LOSSY: a batched pass's EAGLE tokens differ from batched no-draft's")
         return "\n".join(lines)
 
 
@@ -265,15 +292,21 @@ def _describe_device(rt) -> str:
 def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
          top_k: ValuesArg | None = None, depth: ValuesArg | None = None, total_tokens: ValuesArg | None = None,
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
-         warmup: bool = True, log: Callable[[str], None] | None = None) -> TuneReport:
+         warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
+         batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
+    batch_sizes: numbers of concurrent sequences for the per-batch stage ('1,2,4', ints, or 'auto': 1, 2, 4, ...
+    up to the artifact's --max-batch; None: no such stage); batch_candidates: tree sizes measured there, at most;
+    batch_requests: requests per batched pass (default 2 N, at least the prompts); batch_repeats: pass pairs per
+    candidate and N (default: repeats).
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
         raise TuneError(f"--repeats must be >= 1, got {repeats!r}")
     grid = Grid.parse(top_k, depth, total_tokens)
+    sizes = _batch_sizes(artifact, batch_sizes)
     say = log or (lambda msg: None)
     with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
         skipped: Counter[str] = Counter()
@@ -323,11 +356,36 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         device = _describe_device(s.rt)
         previous = s.manifest.tree_defaults
         n_prompts = len(s.specs)
+        specs = s.specs
         eng = s.manifest.engines
         engines_max = int(eng.options["max_tree_tokens"]) if eng is not None else None
     rows.sort(key=lambda r: (not r.lossless, *_rank_key(r)))
-    return TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine, rows,
-                      dict(skipped), previous, engines_max)
+    report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
+                        rows, dict(skipped), previous, engines_max)
+    cands = ladder(rows, batch_candidates)
+    if sizes and cands:
+        say(f"per-batch stage: N = {', '.join(map(str, sizes))}; {len(cands)} tree sizes and no draft at each")
+        report.batch = tune_batch(artifact, sizes=sizes, candidates=cands, prompts=specs,
+                                  max_new_tokens=max_new_tokens, backend=backend, threads=threads,
+                                  repeats=batch_repeats or repeats,
+                                  requests=batch_requests, log=say)
+    return report
+
+
+def _batch_sizes(artifact, text: ValuesArg | None) -> list[int]:
+    """The per-batch stage's N >= 2 (checked against the artifact's --max-batch); [] for none."""
+    if text is None:
+        return []
+    from eagle_export.manifest import load_manifest
+
+    max_batch = load_manifest(artifact).max_batch
+    if text == "auto":
+        return [n for n in default_sizes(max_batch) if n >= 2]
+    sizes = parse_list(text, "--batch-sizes", 1)
+    if sizes[-1] > max_batch:
+        raise TuneError(f"--batch-sizes {sizes[-1]} is above the artifact's --max-batch {max_batch} (re-export with "
+                        f"a larger --max-batch, or give smaller sizes)")
+    return [n for n in sizes if n >= 2]
 
 
 def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
@@ -339,6 +397,8 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
     if report.lossy:
         raise TuneError(f"not writing tree_defaults: {len(report.lossy)} setting(s) were lossy ("
                         + "; ".join(r.label() for r in report.lossy) + "): EAGLE must equal no-draft decoding")
+    if not report.batch_lossless:
+        raise TuneError("not writing tree_defaults: a batched pass was lossy: EAGLE must equal no-draft decoding")
     w = report.winner
     if w is None:
         raise TuneError("not writing tree_defaults: no setting was measured")
@@ -348,7 +408,7 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
         speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
         repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         eagle_export=__version__)
-    return set_tree_defaults(artifact, w.tree, tuned)
+    return set_tree_defaults(artifact, w.tree, tuned, batch_trees=report.batch_table)
 
 
 def plot_speedup(report: TuneReport, path: str | Path) -> Path:
