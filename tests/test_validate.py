@@ -148,6 +148,15 @@ def perturb(art: Path, dst: Path, graph: str, weight: np.ndarray) -> Path:
     """Copy the artifact and scale, in the copy's graph, the initializer that holds ``weight`` (as traced: W^T)."""
     dst = shutil.copytree(art, dst)
     path = dst / f"{graph}.onnx"
+    # Graphs that read weights from this graph's data file (stored once) get their own copy first, unperturbed:
+    # the rewrite below moves every offset in it.
+    for other in dst.glob("*.onnx"):
+        if other != path and any(e.key == "location" and e.value == f"{graph}.onnx.data"
+                                 for t in onnx.load(str(other), load_external_data=False).graph.initializer
+                                 for e in t.external_data):
+            m = onnx.load(str(other))
+            onnx.save_model(m, str(other), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=f"{other.name}.data", size_threshold=1024)
     model = onnx.load(str(path))
     hits = [t for t in model.graph.initializer
             if tuple(t.dims) == weight.shape and np.array_equal(numpy_helper.to_array(t), weight)]
