@@ -31,9 +31,17 @@ SPIN_POLICIES = ("off", "run", "on")
 DEFAULT_SPIN = "off"
 
 
-def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.SessionOptions:
+def quantized_session_config(manifest: Manifest | None) -> dict[str, str]:
+    """Session config entries a quantized artifact needs: the accuracy level ONNX Runtime gives the MatMulNBits it
+    fuses from a ``DequantizeLinear -> MatMul`` graph (the qdq form), the one the export chose."""
+    q = None if manifest is None else manifest.quantization
+    return {} if q is None else {"session.qdq_matmulnbits_accuracy_level": str(q.accuracy_level)}
+
+
+def session_options(threads: int | None, spin: str = DEFAULT_SPIN,
+                    config: dict[str, str] | None = None) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
-    policy of ``SPIN_POLICIES``."""
+    policy of ``SPIN_POLICIES``, and ``config`` (session config entries)."""
     if spin not in SPIN_POLICIES:
         raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, got {spin!r}")
     opts = ort.SessionOptions()
@@ -44,14 +52,17 @@ def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.Sessio
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if spin == "off" else "1")
     if spin == "run":
         opts.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     return opts
 
 
 class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
-    def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = DEFAULT_SPIN):
-        opts = session_options(threads, spin)
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = DEFAULT_SPIN,
+                 config: dict[str, str] | None = None):
+        opts = session_options(threads, spin, config)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as e:
@@ -174,7 +185,8 @@ class OrtBackend:
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
         runs = {self.target_graph, C.DRAFT_GRAPH}
         self.spin = spin
-        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads, spin)
+        config = quantized_session_config(manifest)
+        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads, spin, config)
                        for name in runs}
         for name in runs:
             g, session = manifest.graphs[name], self.graphs[name]

@@ -19,13 +19,17 @@ import onnxruntime as ort
 from eagle_export import contract as C
 from eagle_export.dtypes import DTYPES
 from eagle_export.manifest import load_manifest
+from eagle_export.runtime.ort_backend import quantized_session_config
 
 
-def session(path: Path, threads: int, spin: bool) -> ort.InferenceSession:
+def session(path: Path, threads: int, spin: bool, config: dict[str, str] | None = None) -> ort.InferenceSession:
+    """config: session config entries (a quantized artifact's, as the runtime sets them)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
@@ -34,7 +38,7 @@ def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int
     m = load_manifest(directory)
     entry, t = m.graphs[graph], m.target
     dt = DTYPES[m.dtype].numpy
-    s = session(directory / entry.file, threads, spin)
+    s = session(directory / entry.file, threads, spin, quantized_session_config(m))
     b = s.io_binding()
     keep = []
 
