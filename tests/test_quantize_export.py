@@ -151,3 +151,61 @@ def test_quantize_options_check():
     with pytest.raises(EagleExportError, match="--quantize must be int4 or int8, got int2"):
         QuantizeOptions(bits=2).check()
     QuantizeOptions(bits=8, block_size=256, accuracy_level=0).check()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validate on a quantized artifact
+
+
+def test_validate_quantized_artifact(int4):
+    """Every graph equals the PyTorch model holding the dequantized weights at the float tolerances (on the parity
+    copy), greedy and EAGLE match it, the artifact is lossless at its own settings, and the drift against the
+    unquantized model is reported."""
+    from eagle_export.tools.commands.validate import validate
+
+    report = validate(int4[2], prompts=2, max_new_tokens=10, threads=1)
+    assert report.passed, report.format()
+    assert set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH}
+    q = report.quantization
+    assert q.settings["method"] == "int4" and q.parity_level == 1
+    assert q.lossless_prompts == 2 and q.lossless_tokens == 20
+    assert q.positions > 20 and 0 <= q.top1_agreement < 1 and q.mean_kl > 1e-4  # int4 moved the distributions
+    assert "drift vs the unquantized model" in report.format()
+    assert report.to_dict()["quantization"]["drift_vs_unquantized"]["positions"] == q.positions
+
+
+def test_drift_of_the_float_model_is_zero(models):
+    """The drift measure itself: the float artifact against its own float model agrees everywhere."""
+    from eagle_export.export.loaders import load_target
+    from eagle_export.tools.commands.validate_quant import QuantReport, measure_drift
+
+    art = models(**SMALL)[2]
+    m = load_manifest(art)
+    lm = load_target(m.target.source, progress=False).model
+    report = QuantReport({})
+    measure_drift(art, m, lm, [[5, 9, 3, 7, 1, 22, 30], [4, 4, 4]], 1, report)
+    assert report.positions == 10 and report.top1_agreement == 1.0 and report.mean_kl < 1e-6
+
+
+def test_validate_fails_a_wrong_scale(int4, tmp_path):
+    """A planted quantization bug: one block scale 1.5x too large in the standard graph (qdq) and one in the fused
+    graph (MatMulNBits). validate compares with weights rebuilt from the checkpoint, so both graphs fail and the
+    draft graph, untouched, passes."""
+    import shutil
+
+    from onnx import numpy_helper
+
+    from eagle_export.tools.commands.validate import validate
+
+    art = tmp_path / "art"
+    shutil.copytree(int4[2], art)
+    for graph, suffix in ((C.TARGET_GRAPH, "_scale"), (C.TARGET_FUSED_GRAPH, "_scales")):
+        path = art / f"{graph}.onnx"
+        model = onnx.load(str(path), load_external_data=False)
+        t = next(i for i in model.graph.initializer if i.name.endswith(suffix))
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t, str(art)) * np.float32(1.5), t.name))
+        onnx.save_model(model, str(path))
+    report = validate(art, prompts=0, threads=1)
+    assert not report.passed
+    assert not report.graphs[C.TARGET_GRAPH].passed and not report.graphs[C.TARGET_FUSED_GRAPH].passed
+    assert report.graphs[C.DRAFT_GRAPH].passed
