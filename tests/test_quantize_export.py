@@ -130,23 +130,6 @@ def test_asymmetric_artifact_refuses_a_tensorrt_build(int8):
     assert not load_manifest(int8[2]).engines
 
 
-def test_tensorrt_rtx_builds_the_int4_artifact(models, tmp_path):
-    """Both graphs TensorRT builds (C.ENGINE_GRAPHS) of a symmetric int4 artifact, draft included, build with
-    TensorRT-RTX ahead of time; the engines are smaller than the float artifact's."""
-    import shutil
-
-    from eagle_export.engines.builder import build_engines
-    from eagle_export.engines.libs import load_lib
-
-    load_lib("tensorrt-rtx")
-    art = tmp_path / "art"
-    shutil.copytree(models(**SMALL, quantize=INT4_ALL)[2], art)
-    m = build_engines(art, progress=False)
-    assert set(m.engines.graphs) == set(C.ENGINE_GRAPHS)
-    for g in m.engines.graphs.values():
-        assert (art / g.file).stat().st_size == g.size_bytes > 10_000
-
-
 def test_quantize_options_check():
     with pytest.raises(EagleExportError, match="--quantize must be int4 or int8, got int2"):
         QuantizeOptions(bits=2).check()
