@@ -170,7 +170,8 @@ class OrtBackend:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
-        if self.device == "cpu" and manifest.dtype == "float16":
+        # A quantized artifact's MatMulNBits take float16 natively (docs/scale.md): only its float MatMuls widen.
+        if self.device == "cpu" and manifest.dtype == "float16" and manifest.quantization is None:
             # Measured in docs/scale.md ("Opening an artifact on ONNX Runtime CPU"): 2.09x the weights at 1B.
             log.warning("%s holds float16 graphs: ONNX Runtime's CPU provider converts their MatMul weights to "
                         "float32 when it loads them (it has no float16 MatMul on most x86 CPUs), so they take about "
