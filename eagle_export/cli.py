@@ -75,6 +75,20 @@ def main() -> None:
 @click.option("--draft-tree/--no-draft-tree", default=True, show_default=True,
               help="Also write the draft tree graph: a round's context pass and its --top-k/--depth tree in one "
                    "call (ONNX Runtime drafts with it where a round's tree fits; docs/graph-contract.md).")
+@click.option("--quantize", type=click.Choice(["none", "int4", "int8"]), default="none", show_default=True,
+              help="Weight-only block quantization of the target's MatMul weights (lm_head stays float unless "
+                   "--quantize-draft); ONNX Runtime runs it as MatMulNBits, TensorRT from DequantizeLinear "
+                   "(symmetric only). docs/scale.md.")
+@click.option("--quantize-block-size", type=int, default=32, show_default=True,
+              help="Rows of K sharing one scale (a power of 2 from 16 to 256).")
+@click.option("--quantize-symmetric/--quantize-asymmetric", default=True, show_default=True,
+              help="Symmetric: signed codes, no zero points (what TensorRT builds). Asymmetric: a zero point per "
+                   "block (ONNX Runtime only).")
+@click.option("--quantize-accuracy-level", type=int, default=4, show_default=True,
+              help="ONNX Runtime's MatMulNBits accuracy level: 4 quantizes activations to int8 (its fast CPU "
+                   "kernel), 0/1 compute in float.")
+@click.option("--quantize-draft", is_flag=True,
+              help="Also quantize the draft head's graph and the lm_heads of both graphs.")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
@@ -86,19 +100,31 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, draft_tree, feature_layers, head_reading, overwrite,
+               top_k, depth, total_tokens, max_batch, fused, draft_tree, quantize, quantize_block_size,
+               quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers, head_reading, overwrite,
                quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
+    from .export.quantize_artifact import QuantizeOptions
 
     target_dir = resolve_checkpoint(target_dir, "--target", progress=not quiet)
     draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
+    if quantize == "none":
+        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric))
+                 if v]
+        if given:
+            raise click.UsageError(f"{given[0]} needs --quantize int4 or int8")
+        quant = None
+    else:
+        quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
+                                accuracy_level=quantize_accuracy_level, draft=quantize_draft)
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, draft_tree=draft_tree, feature_layers=layers, head_reading=head_reading)
+                         fused=fused, draft_tree=draft_tree, feature_layers=layers, head_reading=head_reading,
+                         quantize=quant)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 

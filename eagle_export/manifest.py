@@ -166,6 +166,45 @@ class TunedInfo:
         return cls(**d)
 
 
+QUANT_BITS = (4, 8)  # weight-only block quantization (export --quantize int4|int8; export/quantize.py)
+QUANT_FORMS = ("nbits", "qdq")
+
+
+@dataclass
+class QuantizationInfo:
+    """How `export --quantize` stored the graphs' MatMul weights: block-wise along K, ``W' = (q - zp) * scale``.
+
+    ``method`` is "int4" or "int8" (the peer bench builds its int4 model for an "int4" artifact); ``graphs`` says
+    which form each quantized graph holds: "nbits" (ONNX Runtime's MatMulNBits, at ``accuracy_level``) or "qdq"
+    (DequantizeLinear -> MatMul, which TensorRT builds when symmetric and ONNX Runtime fuses into MatMulNBits at the
+    session's ``session.qdq_matmulnbits_accuracy_level``, set to ``accuracy_level`` by the runtime). ``lm_head``:
+    the output projections are quantized too; ``draft``: the draft head's graph is."""
+
+    method: str
+    bits: int
+    block_size: int
+    symmetric: bool
+    accuracy_level: int
+    draft: bool
+    lm_head: bool
+    graphs: dict[str, str]  # graph name -> form
+    matmuls: dict[str, int] = field(default_factory=dict)  # graph name -> MatMuls quantized
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> QuantizationInfo:
+        return cls(method=str(d["method"]), bits=int(d["bits"]), block_size=int(d["block_size"]),
+                   symmetric=bool(d["symmetric"]), accuracy_level=int(d["accuracy_level"]), draft=bool(d["draft"]),
+                   lm_head=bool(d["lm_head"]), graphs={str(k): str(v) for k, v in d["graphs"].items()},
+                   matmuls={str(k): int(v) for k, v in (d.get("matmuls") or {}).items()})
+
+
+#: The manifest key of QuantizationInfo (absent: float weights).
+QUANTIZATION_KEY = "quantization"
+
+
 @dataclass
 class Manifest:
     variant: str
@@ -187,6 +226,7 @@ class Manifest:
     # Every file the export wrote beside manifest.json, name -> bytes (graphs, their data files, tokenizer files);
     # older manifests have none.
     files: dict[str, int] = field(default_factory=dict)
+    quantization: QuantizationInfo | None = None  # set by `export --quantize`; None: float weights
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
@@ -214,6 +254,7 @@ class Manifest:
             **({"tuned": self.tuned.to_dict()} if self.tuned is not None else {}),
             **({"batch_trees": self.batch_trees.to_list()} if self.batch_trees is not None else {}),
             **({"files": dict(self.files)} if self.files else {}),
+            **({QUANTIZATION_KEY: self.quantization.to_dict()} if self.quantization is not None else {}),
         }
 
     def write(self, directory: Path) -> Path:
@@ -241,6 +282,8 @@ class Manifest:
             tuned=TunedInfo.from_dict(d["tuned"]) if d.get("tuned") is not None else None,
             batch_trees=BatchTrees.from_list(d["batch_trees"], limits) if d.get("batch_trees") is not None else None,
             files={str(k): int(v) for k, v in (d.get("files") or {}).items()},
+            quantization=(QuantizationInfo.from_dict(d[QUANTIZATION_KEY]) if d.get(QUANTIZATION_KEY) is not None
+                          else None),
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
 
@@ -385,6 +428,14 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
             fail(f"graph {graph} has no {name!r} in its spec (contract version {m.contract_version})")
         if spec.shape[-1] != width:
             fail(f"graph {graph} {name!r} is {spec.shape[-1]} wide but the manifest fields say {width}")
+    q = m.quantization
+    if q is not None:
+        if q.bits not in QUANT_BITS or q.method != f"int{q.bits}":
+            fail(f"quantization.method {q.method!r} / bits {q.bits} is not one of int4, int8")
+        for name, form in q.graphs.items():
+            if name not in m.graphs or form not in QUANT_FORMS:
+                fail(f"quantization.graphs names {name!r} in form {form!r}: not a graph of the artifact in one of "
+                     f"{', '.join(QUANT_FORMS)}")
     e = m.draft_embedding
     if e.hidden_size != d.hidden_size or e.vocab_size != t.vocab_size or e.dtype != m.dtype:
         fail(f"draft_embedding is a {e.vocab_size} x {e.hidden_size} {e.dtype} table, but the draft embeds "

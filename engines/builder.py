@@ -287,6 +287,15 @@ def _build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, prof
     return BuiltEngine(bytes(memoryview(data)), build_s, readback, list(logger.warnings))
 
 
+def check_quantization(manifest) -> None:
+    """A quantized artifact builds only when TensorRT can take its weights: symmetric (INT4/INT8 codes, no zero
+    point; TensorRT-RTX refuses UINT4/UINT8 weights with a zero point). docs/engines.md."""
+    q = manifest.quantization
+    if q is not None and not q.symmetric and any(g in q.graphs for g in C.ENGINE_GRAPHS):
+        raise EngineError(f"the artifact's weights are {q.method} asymmetric (zero points), which TensorRT does not "
+                          "build: re-export with --quantize-symmetric (the default) to build engines")
+
+
 def build_engines(directory: str | Path, options: BuildOptions | None = None, progress: bool = True):
     """Build engines for every graph of an artifact directory and record them in its manifest.
 
@@ -295,6 +304,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
     directory = Path(directory)
     options = options or BuildOptions()
     manifest = load_manifest(directory)
+    check_quantization(manifest)
     popts = resolve_options(manifest, ProfileOptions(options.max_batch, options.max_prefill,
                                                      options.max_tree_tokens))
     workspace = parse_size(options.workspace)

@@ -35,6 +35,7 @@ from .out_dir import (
     publish,
     remove_stale_partials,
 )
+from .quantize_artifact import QuantizeOptions, quantize_artifact_graphs
 from .shared_data import share_weights
 from .weights import (
     MemoryTensor,
@@ -78,6 +79,8 @@ class ExportOptions:
     # How the head is read (export/readings.py): auto (the writer's reading where the files name it), config, or a
     # writer's reading forced.
     head_reading: str = "auto"
+    # Weight-only int4/int8 quantization of the MatMul weights (export/quantize_artifact.py); None: float weights.
+    quantize: QuantizeOptions | None = None
 
 
 def fused_unsupported(head_dim: int, dtype_name: str) -> str | None:
@@ -253,6 +256,11 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     if options.dtype not in EXPORT_DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
+    if options.quantize is not None:
+        options.quantize.check()
+        if options.dtype == "bf16":
+            raise EagleExportError("--quantize takes --dtype fp32 or fp16 (MatMulNBits' scales are float32/float16, "
+                                   "and no runtime here runs bf16 with quantized weights)")
     if options.max_seq_len is not None and options.max_seq_len < 2:
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
@@ -271,7 +279,7 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         check_replaceable(out_dir)
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
-    steps = progress_bar(7, "export", "step", progress)
+    steps = progress_bar(7 + (options.quantize is not None), "export", "step", progress)
 
     steps.set_postfix_str("loading target")
     tdir = Path(target_dir)
@@ -401,6 +409,13 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             else:
                 steps.set_postfix_str("no draft tree graph")
             steps.update()
+        quantization = None
+        if options.quantize is not None:
+            steps.set_postfix_str(f"quantizing weights to int{options.quantize.bits}")
+            graphs = [C.TARGET_GRAPH, C.DRAFT_GRAPH] + ([C.TARGET_FUSED_GRAPH] if why_not is None else []) + (
+                [C.DRAFT_TREE_GRAPH] if options.draft_tree else [])
+            quantization = quantize_artifact_graphs(tmp, options.quantize, graphs)
+            steps.update()
         table = _draft_table(tmp, target, head, sources, dtype)
         steps.set_postfix_str("writing tokenizer and manifest")
         for f in target.tokenizer_files:
@@ -423,6 +438,7 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             draft_embedding=table,
             versions=_versions(),
             files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
+            quantization=quantization,
         )
         # The manifest is written last: a directory without one is never mistaken for a finished export.
         manifest.write(tmp)

@@ -252,7 +252,7 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
       for a parity check).
     - form "qdq": ``MatMul(x, DequantizeLinear(q, scale[, zero_point], axis=0, block_size))``; q is INT4/INT8
       (symmetric) or UINT4/UINT8 with a zero point (asymmetric). A graph below opset 21 is converted to opset 21
-      first (onnx.version_converter), which loads every weight into memory. ``accuracy_level`` is not used: ONNX
+      first (onnx.version_converter; external data stays where it is). ``accuracy_level`` is not used: ONNX
       Runtime fuses this form into MatMulNBits at its session config ``session.qdq_matmulnbits_accuracy_level``
       (default 4). TensorRT-RTX 1.7 builds the symmetric form (INT4/INT8) and refuses UINT4/UINT8 weights.
 
@@ -265,11 +265,8 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     if form == "qdq" and _default_opset(model) < QDQ_OPSET:
         from onnx import version_converter
 
-        if any(t.data_location == TensorProto.EXTERNAL for t in graph.initializer):
-            if base_dir is None:
-                raise QuantizeError("the qdq form converts the graph to opset 21, which needs its external data: "
-                                    "pass base_dir (the .onnx file's folder)")
-            onnx.load_external_data_for_model(model, str(base_dir))
+        # The converter copies external-data initializers as references (their bytes are not read), so a large
+        # graph converts without its weights in memory.
         try:
             converted = version_converter.convert_version(model, QDQ_OPSET)
         except Exception as e:  # the converter raises bare RuntimeErrors

@@ -47,9 +47,17 @@ def parse_spin(spin: str) -> dict[str, str]:
     return got
 
 
-def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.SessionOptions:
+def quantized_session_config(manifest: Manifest | None) -> dict[str, str]:
+    """Session config entries a quantized artifact needs: the accuracy level ONNX Runtime gives the MatMulNBits it
+    fuses from a ``DequantizeLinear -> MatMul`` graph (the qdq form), the one the export chose."""
+    q = None if manifest is None else manifest.quantization
+    return {} if q is None else {"session.qdq_matmulnbits_accuracy_level": str(q.accuracy_level)}
+
+
+def session_options(threads: int | None, spin: str = DEFAULT_SPIN,
+                    config: dict[str, str] | None = None) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
-    policy of ``SPIN_POLICIES``."""
+    policy of ``SPIN_POLICIES``, and ``config`` (session config entries)."""
     if spin not in SPIN_POLICIES:
         raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, got {spin!r}")
     opts = ort.SessionOptions()
@@ -60,14 +68,17 @@ def session_options(threads: int | None, spin: str = DEFAULT_SPIN) -> ort.Sessio
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0" if spin == "off" else "1")
     if spin == "run":
         opts.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     return opts
 
 
 class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
-    def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = DEFAULT_SPIN):
-        opts = session_options(threads, spin)
+    def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = DEFAULT_SPIN,
+                 config: dict[str, str] | None = None):
+        opts = session_options(threads, spin, config)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as e:
@@ -176,7 +187,8 @@ class OrtBackend:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
-        if self.device == "cpu" and manifest.dtype == "float16":
+        # A quantized artifact's MatMulNBits take float16 natively (docs/scale.md): only its float MatMuls widen.
+        if self.device == "cpu" and manifest.dtype == "float16" and manifest.quantization is None:
             # Measured in docs/scale.md ("Opening an artifact on ONNX Runtime CPU"): 2.09x the weights at 1B.
             log.warning("%s holds float16 graphs: ONNX Runtime's CPU provider converts their MatMul weights to "
                         "float32 when it loads them (it has no float16 MatMul on most x86 CPUs), so they take about "
@@ -192,9 +204,10 @@ class OrtBackend:
         self.tree_graph = C.DRAFT_TREE_GRAPH if draft_tree and C.DRAFT_TREE_GRAPH in manifest.graphs else None
         runs = {self.target_graph, C.DRAFT_GRAPH} | ({self.tree_graph} if self.tree_graph else set())
         self.spin = spin
+        config = quantized_session_config(manifest)
         policy = parse_spin(spin)
         self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads,
-                                      policy["target" if name == self.target_graph else "draft"])
+                                      policy["target" if name == self.target_graph else "draft"], config)
                        for name in runs}
         for name in runs:
             g, session = manifest.graphs[name], self.graphs[name]

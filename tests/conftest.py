@@ -38,13 +38,14 @@ class ModelFactory:
                  weights_format: str = "safetensors", limits: TreeLimits | None = None,
                  eagle3: bool = False, draft_vocab: int | None = None, draft_hidden: int | None = None,
                  feature_layers: tuple[int, ...] | None = None, num_feature_layers: int = 3,
-                 head: tuple = (), max_batch: int = 1, **target_overrides) -> tuple[Path, Path, Path]:
+                 head: tuple = (), max_batch: int = 1, quantize=None, **target_overrides) -> tuple[Path, Path, Path]:
         """eagle3: an EAGLE-3 head (fc_bias ignored) with draft vocabulary draft_vocab (None: the target's).
         head: extra (name, value) keywords for the head writer (layouts, variants: tools/testing/tiny_models).
-        max_batch: the artifact's batch range (export --max-batch)."""
+        max_batch: the artifact's batch range (export --max-batch). quantize: export --quantize's settings
+        (export.quantize_artifact.QuantizeOptions; None: float weights)."""
         key = (preset, fc_bias, own_embedding, vocab, with_tokenizer, dtype, max_seq_len, seed, weights_format,
                limits, eagle3, draft_vocab, draft_hidden, feature_layers, num_feature_layers, head, max_batch,
-               tuple(sorted(target_overrides.items())))
+               quantize, tuple(sorted(target_overrides.items())))
         if key not in self._cache:
             name = f"m{len(self._cache)}_{preset}"
             base = self.root / name
@@ -62,7 +63,7 @@ class ModelFactory:
                                         own_embedding=own_embedding, weights_format=weights_format, **dict(head))
             opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len, limits=limits or TreeLimits(),
                                  feature_layers=None if feature_layers is None else list(feature_layers),
-                                 max_batch=max_batch)
+                                 max_batch=max_batch, quantize=quantize)
             art = export_artifact(target, draft, base / "artifact", opts, progress=False)
             self._cache[key] = (target, draft, art)
         return self._cache[key]

@@ -281,10 +281,9 @@ def test_peer_choices():
     assert pog.first_divergence([1, 2, 3], [1, 9, 3]) == 1
     assert pog.first_divergence([1, 2, 3], [1, 2]) == 2  # the peer stopped early
     assert pog.artifact_precision({}) == "fp32"
-    assert pog.artifact_precision({"quantize": "int4"}) == "int4"
-    assert pog.artifact_precision({"quantization": {"bits": 4, "block_size": 32}}) == "int4"
-    assert pog.artifact_precision({"quantization": {"method": "int8"}}) == "fp32"
-    assert pog.choose_precision({"quantize": "int4"}, "fp32") == "fp32"  # --peer-precision wins
+    assert pog.artifact_precision({"quantization": {"method": "int4", "bits": 4, "block_size": 32}}) == "int4"
+    assert pog.artifact_precision({"quantization": {"method": "int8", "bits": 8}}) == "fp32"
+    assert pog.choose_precision({"quantization": {"bits": 4}}, "fp32") == "fp32"  # --peer-precision wins
     with pytest.raises(pog.PeerError, match="--peer-precision must be one of fp32, int4"):
         pog.choose_precision({}, "int8")
 

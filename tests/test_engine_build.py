@@ -184,3 +184,21 @@ def test_manifest_without_engines_still_loads(engines, tmp_path):
     (art / MANIFEST_NAME).write_text(json.dumps(raw))
     m = load_manifest(art)
     assert m.engines is None and m.to_dict() == raw
+
+
+def test_build_a_quantized_artifact(models, rtx, tmp_path):
+    """`export --quantize int4 --quantize-draft` (symmetric, block 32): both graphs TensorRT builds hold INT4
+    DequantizeLinear -> MatMul weights, and TensorRT-RTX builds them (int8 symmetric builds too, checked by hand:
+    docs/engines.md)."""
+    from conftest import ENGINE_MODEL
+
+    from eagle_export.export.quantize_artifact import QuantizeOptions
+
+    art = tmp_path / "art"
+    shutil.copytree(models(**ENGINE_MODEL, quantize=QuantizeOptions(bits=4, draft=True))[2], art)
+    m = B.build_engines(art, progress=False)
+    assert m.quantization.graphs[C.TARGET_GRAPH] == m.quantization.graphs[C.DRAFT_GRAPH] == "qdq"
+    assert set(m.engines.graphs) == set(C.ENGINE_GRAPHS)
+    for g in m.engines.graphs.values():
+        assert (art / g.file).stat().st_size == g.size_bytes > 10_000
+        assert [p["name"] for p in g.profiles] in (["prefill", "verify"], ["context", "tree"])

@@ -223,10 +223,13 @@ def _rss() -> tuple[int, int]:
     return got.get("VmRSS", 0), got.get("VmHWM", 0)
 
 
-def child_export(target: str, draft: str, out: str, dtype: str, feature_layers: list[int] | None = None) -> dict:
+def child_export(target: str, draft: str, out: str, dtype: str, feature_layers: list[int] | None = None,
+                 quantize: str | None = None) -> dict:
     from eagle_export.export.exporter import ExportOptions, export_with_report
+    from eagle_export.export.quantize_artifact import QuantizeOptions
 
-    opts = ExportOptions(dtype=dtype, max_seq_len=2048, overwrite=True, feature_layers=feature_layers)
+    quant = None if quantize is None else QuantizeOptions(bits=int(quantize.removeprefix("int")))
+    opts = ExportOptions(dtype=dtype, max_seq_len=2048, overwrite=True, feature_layers=feature_layers, quantize=quant)
     r = export_with_report(target, draft, out, opts, progress=False)
     return {"wall_s": r.wall_s, "peak_rss": r.peak_rss_bytes, "weights": r.weights_bytes,
             "artifact": r.artifact_bytes, "lean": r.lean}
@@ -373,7 +376,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def run_model(key: str, work: Path, reps: int, keep: bool, dtype: str = "fp16", open_it: bool = True,
-              layers: int | None = None, log=print) -> Row:
+              layers: int | None = None, log=print, quantize: str | None = None) -> Row:
     shape = dict(SHAPES[key])
     feature_layers = None
     if layers is not None:  # a cut-down copy: the real widths, fewer decoder layers (per-layer costs)
@@ -389,13 +392,14 @@ def run_model(key: str, work: Path, reps: int, keep: bool, dtype: str = "fp16", 
         write_eagle3_head(ddir, shape)
     write_s = time.perf_counter() - t0
     params = sum(_nbytes(s) // 2 for s in target_specs(shape))
-    log(f"[{key}] exporting {dtype}")
-    exp = _child(["export", str(tdir), str(ddir), str(art), dtype, feature_layers])
+    log(f"[{key}] exporting {dtype}" + (f", --quantize {quantize}" if quantize else ""))
+    exp = _child(["export", str(tdir), str(ddir), str(art), dtype, feature_layers, quantize])
     log(f"[{key}] export {exp['wall_s']:.0f} s, peak {_gb(exp['peak_rss'])} GiB; opening and timing")
     opened = None
     if open_it:
         # ONNX Runtime's CPU provider has no fp16 MatMul: it holds fp16 weights as float32, twice their size.
-        need = exp["weights"] * (2 if dtype == "fp16" else 1) * 1.1
+        # Quantized: at most the artifact's bytes, the float ones (embedding, lm_head) doubled.
+        need = (exp["artifact"] if quantize else exp["weights"]) * (2 if dtype == "fp16" else 1) * 1.1
         avail = _mem_available()
         if need > avail:
             log(f"[{key}] not opening: ONNX Runtime CPU would hold ~{_gb(need)} GiB of float32 weights, "
@@ -413,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1b,3b,8b", help="comma-separated: " + ", ".join(SHAPES))
     ap.add_argument("--work", type=Path, default=Path("/tmp/scale"), help="where checkpoints and artifacts go")
     ap.add_argument("--dtype", choices=("fp16", "fp32"), default="fp16", help="export dtype")
+    ap.add_argument("--quantize", choices=("int4", "int8"), default=None,
+                    help="export --quantize (symmetric, block 32, level 4): the target's projections")
     ap.add_argument("--no-open", action="store_true", help="export only (no open, no per-call costs)")
     ap.add_argument("--layers", type=int, default=None,
                     help="cut each model down to this many decoder layers (real widths): per-layer costs of a "
@@ -434,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for key in keys:
-        rows.append(run_model(key, a.work, a.reps, a.keep, a.dtype, not a.no_open, a.layers))
+        rows.append(run_model(key, a.work, a.reps, a.keep, a.dtype, not a.no_open, a.layers, quantize=a.quantize))
         print(format_table(rows[-1:]), flush=True)
     tree = TreeParams()
     print(f"\ndefault tree top_k {tree.top_k}, depth {tree.depth}, total_tokens {tree.total_tokens} "

@@ -19,22 +19,30 @@ import onnxruntime as ort
 from eagle_export import contract as C
 from eagle_export.dtypes import DTYPES
 from eagle_export.manifest import load_manifest
+from eagle_export.runtime.ort_backend import quantized_session_config
 
 
-def session(path: Path, threads: int, spin: bool) -> ort.InferenceSession:
+def session(path: Path, threads: int, spin: bool, config: dict[str, str] | None = None) -> ort.InferenceSession:
+    """config: session config entries (a quantized artifact's, as the runtime sets them)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int, new: int):
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int, new: int,
+                clock=time.perf_counter):
     """A callable running one target call of ``new`` tokens over ``past`` cached rows (bound once)."""
     m = load_manifest(directory)
     entry, t = m.graphs[graph], m.target
     dt = DTYPES[m.dtype].numpy
-    s = session(directory / entry.file, threads, spin)
+    s = session(directory / entry.file, threads, spin, quantized_session_config(m))
     b = s.io_binding()
     keep = []
 
@@ -70,9 +78,9 @@ def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int
                 b.bind_output(present_name, "cpu", 0, dt, list(out.shape), out.ctypes.data)
 
     def call() -> float:
-        t0 = time.perf_counter()
+        t0 = clock()
         s.run_with_iobinding(b)
-        return time.perf_counter() - t0
+        return clock() - t0
 
     call._keep = keep  # the bound buffers live as long as the callable
     return call
@@ -120,15 +128,18 @@ def peer_call(model_dir: Path, threads: int, spin: bool, past: int, new: int):
 @click.option("--spin/--no-spin", default=True, show_default=True, help="ONNX Runtime's intra-op thread spinning.")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved rounds; each times --calls calls.")
 @click.option("--calls", default=50, show_default=True)
+@click.option("--clock", type=click.Choice(sorted(CLOCKS)), default="wall", show_default=True,
+              help="cpu: the process's CPU time per call (with --no-spin), which a loaded machine's preemptions do not "
+                   "inflate; equal to wall time for a kernel that runs on one thread.")
 @click.option("--peer", "peers", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="An onnxruntime-genai model folder of the same target (bench --peer builds them under "
                    "ARTIFACT/peers): timed the same way beside ours. Repeatable.")
-def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats: int, calls: int,
+def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats: int, calls: int, clock: str,
          peers: tuple[Path, ...]) -> None:
     m = load_manifest(artifact)
     graphs = [g for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH) if g in m.graphs]
     sizes = [int(x) for x in news.split(",")]
-    callers = {(g, n): target_call(artifact, g, threads, spin, past, n) for g in graphs for n in sizes}
+    callers = {(g, n): target_call(artifact, g, threads, spin, past, n, CLOCKS[clock]) for g in graphs for n in sizes}
     for p in peers:
         graphs.append(p.name)
         callers.update({(p.name, n): peer_call(p, threads, spin, past, n) for n in sizes})
@@ -140,7 +151,7 @@ def main(artifact: Path, past: int, news: str, threads: int, spin: bool, repeats
         for k, c in callers.items():
             times[k].append(statistics.median(c() for _ in range(calls)))
     print(f"{artifact}: target call, {past} cached rows, {threads} threads, spin {'on' if spin else 'off'}, "
-          f"median ms of {repeats} interleaved rounds x {calls} calls")
+          f"{clock} clock, median ms of {repeats} interleaved rounds x {calls} calls")
     width = max(22, *(len(g) + 1 for g in graphs))
     print(f"{'new tokens':>10} " + " ".join(f"{g:>{width}}" for g in graphs))
     for n in sizes:

@@ -40,16 +40,13 @@ class PeerError(EagleExportError):
 
 
 def artifact_precision(manifest_raw: dict) -> str:
-    """The peer precision that matches an artifact: "int4" when its manifest says its target weights are int4
-    (a ``quantize``/``quantization`` field holding "int4", or an object whose ``bits`` is 4 or ``method``/``scheme``
-    is "int4"), else "fp32" (fp32 and fp16 artifacts compare with ORT GenAI's fp32 build)."""
-    for key in ("quantize", "quantization"):
-        q = manifest_raw.get(key)
-        if isinstance(q, str) and q.lower() == "int4":
-            return "int4"
-        if isinstance(q, dict) and (q.get("bits") == 4 or str(q.get("method", q.get("scheme", ""))).lower() == "int4"):
-            return "int4"
-    return "fp32"
+    """The peer precision that matches an artifact: "int4" when its manifest's quantization record
+    (``eagle_export.manifest.QuantizationInfo``, written by `export --quantize int4`) says 4 bits, else "fp32"
+    (fp32, fp16 and int8 artifacts compare with ORT GenAI's fp32 build)."""
+    from eagle_export.manifest import QUANTIZATION_KEY
+
+    q = manifest_raw.get(QUANTIZATION_KEY)
+    return "int4" if isinstance(q, dict) and q.get("bits") == 4 else "fp32"
 
 
 def choose_precision(manifest_raw: dict, override: str | None) -> str:

@@ -40,6 +40,9 @@ import torch
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, ManifestError
 from eagle_export.manifest import Manifest, load_manifest
+from eagle_export.runtime.ort_backend import quantized_session_config
+
+from .validate_quant import QuantReport
 
 BACKENDS = ("ort", "tensorrt")
 ORT_RUNNER, TORCH_RUNNER = "onnxrt", "pytorch"
@@ -517,12 +520,14 @@ class ValidationReport:
     embedding: EmbeddingReport | None = None
     seconds: float = 0.0
     library: object | None = None  # against_library.LibraryCheck, with --against-library
+    quantization: QuantReport | None = None  # a quantized artifact's lossless check and drift (validate_quant.py)
 
     @property
     def passed(self) -> bool:
         return (all(g.passed for g in self.graphs.values()) and self.greedy.passed and self.eagle.passed
                 and (self.embedding is None or self.embedding.passed)
-                and (self.library is None or self.library.passed))
+                and (self.library is None or self.library.passed)
+                and (self.quantization is None or self.quantization.passed))
 
     def to_dict(self) -> dict:
         return {
@@ -536,6 +541,7 @@ class ValidationReport:
             "eagle_vs_oracle": {**self.eagle.to_dict(), "tree": self.tree},
             "tie_gap": self.tie_gap, "seconds": round(self.seconds, 2),
             "against_library": None if self.library is None else self.library.to_dict(),
+            **({"quantization": self.quantization.to_dict()} if self.quantization is not None else {}),
         }
 
     def format(self) -> str:
@@ -575,6 +581,9 @@ class ValidationReport:
             lines.append(f"{title}: {ok[r.passed]} ({r.prompts} prompts, {r.tokens} tokens{extra}, "
                          f"{r.ties} ties below gap {self.tie_gap:.2g})")
             lines += [f"  {f}" for f in r.failures[:5]]
+        if self.quantization is not None:
+            lines.append("")
+            lines += self.quantization.format()
         lines.append("")
         lines.append(f"RESULT: {ok[self.passed]} ({self.seconds:.1f} s)")
         return "\n".join(lines)
@@ -615,12 +624,25 @@ def _ids_tied(got: np.ndarray, want: np.ndarray, full_logprobs: np.ndarray, atol
     return True
 
 
-def _ort_runner(path: Path, outputs: list[str] | None = None, tmp: Path | None = None):
+def _ort_runner(path: Path, outputs: list[str] | None = None, tmp: Path | None = None,
+               config: dict[str, str] | None = None):
+    """config: session config entries (a quantized artifact's accuracy level); None: Polygraphy's session."""
     from polygraphy.backend.onnx import ModifyOutputs, OnnxFromPath
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 
+    def session(p: Path):
+        if not config:
+            return SessionFromOnnx(str(p), providers=["cpu"])
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        for key, value in config.items():
+            opts.add_session_config_entry(key, value)
+        return lambda: ort.InferenceSession(str(p), sess_options=opts, providers=["CPUExecutionProvider"])
+
     if outputs is None:
-        return OnnxrtRunner(SessionFromOnnx(str(path), providers=["cpu"]), name=ORT_RUNNER)
+        return OnnxrtRunner(session(path), name=ORT_RUNNER)
     # Same graph with intermediate tensors marked as outputs. Only the structure is rewritten: the
     # weights stay in the artifact's external data file, hard-linked next to the rewritten graph
     # (ONNX Runtime refuses external data that resolves outside the model's directory, so not a
@@ -639,7 +661,7 @@ def _ort_runner(path: Path, outputs: list[str] | None = None, tmp: Path | None =
             os.link(data, marked.with_name(data.name))
         except OSError:
             shutil.copy2(data, marked.with_name(data.name))
-    return OnnxrtRunner(SessionFromOnnx(str(marked), providers=["cpu"]), name=ORT_RUNNER)
+    return OnnxrtRunner(session(marked), name=ORT_RUNNER)
 
 
 def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_layers, runner_cls,
@@ -650,7 +672,9 @@ def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_la
     entry = m.graphs[name]
     spec, path = entry.spec, directory / entry.file
     torch_runner = runner_cls(module, spec, full_logprobs=full_logprobs)
-    results, tols, per_iter = _compare([_ort_runner(path), torch_runner], [f for _, f in cases], m.dtype)
+    config = quantized_session_config(m)
+    results, tols, per_iter = _compare([_ort_runner(path, config=config), torch_runner], [f for _, f in cases],
+                                       m.dtype)
     report = GraphReport(name, [c for c, _ in cases], {o: OutputReport(o, tols[o]) for o in spec.output_names})
     ort_res, torch_res = results[ORT_RUNNER], results[TORCH_RUNNER]
     for it, ((case, _), outs) in enumerate(zip(cases, per_iter, strict=True)):
@@ -670,12 +694,12 @@ def check_graph(directory: Path, m: Manifest, name: str, module, cases, probe_la
     if report.failed_cases:
         structure = onnx.load(str(path), load_external_data=False)
         report.divergence = _locate(structure, path, spec, module, cases, report, probe_layers, runner_cls,
-                                    embed, fc, m.dtype, head3)
+                                    embed, fc, m.dtype, head3, config)
     return report
 
 
 def _locate(structure, path, spec, module, cases, report: GraphReport, layers, runner_cls, embed, fc, dtype,
-            head3=None):
+            head3=None, config=None):
     """Re-run the first failing input with every layer's residual stream marked; name the first out of tolerance."""
     case = report.failed_cases[0]
     feed = next(f for c, f in cases if c == case)
@@ -684,7 +708,7 @@ def _locate(structure, path, spec, module, cases, report: GraphReport, layers, r
     except ValueError as e:
         return {"case": case, "layer": None, "summary": f"could not map the graph's layers ({e})", "probes": []}
     with tempfile.TemporaryDirectory(prefix="eagle-validate-") as tmp:
-        ort = _ort_runner(path, spec.output_names + [p.onnx_name for p in probes], Path(tmp))
+        ort = _ort_runner(path, spec.output_names + [p.onnx_name for p in probes], Path(tmp), config)
         _, tols, per_iter = _compare([ort, runner_cls(module, spec, probes=probes)], [feed], dtype)
     res = per_iter[0]
     rows = [{"layer": p.label, "tensor": p.onnx_name, "max_abs": res[p.onnx_name].max_absdiff,
@@ -920,14 +944,15 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
     if threads:
         torch.set_num_threads(threads)
     try:
-        return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log, prompt_specs,
-                         against_library)
+        with tempfile.TemporaryDirectory(prefix="eagle-validate-parity-") as scratch:
+            return _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
+                             prompt_specs, Path(scratch), against_library)
     finally:
         torch.set_num_threads(before)
 
 
 def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
-              prompt_specs=None, against_library: bool = False) -> ValidationReport:
+              prompt_specs=None, scratch: Path | None = None, against_library: bool = False) -> ValidationReport:
     from eagle_export.errors import CheckpointError
     from eagle_export.export.draft_tree import DraftTree
     from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
@@ -977,6 +1002,22 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         raise
     _check_sources(m, tgt, d)
     head = d.head
+    quant = own_rt = float_lm = None
+    if m.quantization is not None:
+        # Parity against the dequantized weights, on a copy of the artifact at float-compute accuracy
+        # (tools/commands/validate_quant.py); the artifact as it is runs the lossless check and the drift report.
+        import copy
+
+        from .validate_quant import dequantize_reference, parity_copy
+
+        log(f"quantized artifact ({m.quantization.method}): comparing with the dequantized weights")
+        quant = QuantReport(m.quantization.to_dict())
+        float_lm = copy.deepcopy(tgt.model)
+        dequantize_reference(tgt.model, head, m.quantization, m.dtype)
+        own_rt, own_dir = rt, directory
+        directory = parity_copy(directory, scratch / "parity")
+        m = load_manifest(directory)
+        rt = EagleRuntime.open(directory, backend="ort", threads=threads)
     runner_cls = _make_runner_class()
     rng = np.random.default_rng(seed)
     graphs = {}
@@ -1026,11 +1067,19 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         log(f"generating {len(plist)} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
         oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
         greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap, log)
+        if quant is not None:
+            from .validate_quant import check_lossless, measure_drift
+
+            log("quantized artifact: EAGLE vs --no-draft at its own settings, drift vs the unquantized model")
+            conts = check_lossless(own_rt, plist, max_new_tokens, quant)
+            measure_drift(own_dir, load_manifest(own_dir), float_lm, [p + c for p, c in zip(plist, conts,
+                                                                                           strict=True)],
+                          threads, quant)
     else:
         greedy, eagle = TokenReport("greedy", skipped=True), TokenReport("eagle", skipped=True)
-    return ValidationReport(str(directory), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
+    return ValidationReport(str(Path(artifact)), backend, m.dtype, str(sources["target"]), str(sources["draft"]),
                             m.tree_defaults.to_dict(), graphs, greedy, eagle, tie_gap, embedding,
-                            seconds=time.perf_counter() - t0, library=library)
+                            seconds=time.perf_counter() - t0, library=library, quantization=quant)
 
 
 def _target_logprobs(head, hidden: torch.Tensor, m: Manifest) -> torch.Tensor:

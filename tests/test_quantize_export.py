@@ -1,0 +1,194 @@
+"""`export --quantize`: the artifact's graphs with int4/int8 weights, the manifest's record of it, the runtime's
+losslessness on it (EAGLE == the same artifact's --no-draft), the errors for bad settings, and TensorRT-RTX's build.
+
+The quantizer's numbers (kernels equal to the dequantized weights) are tests/test_quantize.py's; here the wiring."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from eagle_export import contract as C
+from eagle_export.cli import main
+from eagle_export.errors import EagleExportError, EngineError
+from eagle_export.export.quantize_artifact import QuantizeOptions
+from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
+from eagle_export.runtime import EagleRuntime
+from eagle_export.tools.commands import peer_ort_genai as pog
+from eagle_export.tree_params import TreeLimits
+
+SMALL = dict(preset="mha", max_seq_len=64, limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
+INT4_ALL = QuantizeOptions(bits=4, draft=True)  # target, draft head and lm_heads; symmetric, block 32, level 4
+INT8_ASYM = QuantizeOptions(bits=8, block_size=16, symmetric=False)
+
+
+@pytest.fixture(scope="module")
+def int4(models):
+    return models(**SMALL, quantize=INT4_ALL)
+
+
+@pytest.fixture(scope="module")
+def int8(models):
+    return models(**SMALL, quantize=INT8_ASYM)
+
+
+def _ops(path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in onnx.load(str(path), load_external_data=False).graph.node:
+        out[n.op_type] = out.get(n.op_type, 0) + 1
+    return out
+
+
+def _float_matmul_weights(path) -> list[str]:
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    return [n.name for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+
+
+def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
+    """Every projection of the three graphs is quantized in the form its backend runs; the manifest says how (and
+    the peer bench reads int4 from it); the artifact is smaller than the float one; the draft's embedding table,
+    read raw by the runtime, stays float."""
+    art = int4[2]
+    m = load_manifest(art)
+    q = m.quantization
+    layers = m.target.num_layers
+    assert (q.method, q.bits, q.block_size, q.symmetric, q.accuracy_level, q.draft, q.lm_head) == (
+        "int4", 4, 32, True, 4, True, True)
+    assert q.graphs == {C.TARGET_FUSED_GRAPH: "nbits", C.TARGET_GRAPH: "qdq", C.DRAFT_GRAPH: "qdq"}
+    # standard: q k v o gate up down + lm_head; fused: packed qkv, o, gate, up, down + lm_head
+    assert q.matmuls[C.TARGET_GRAPH] == 7 * layers + 1 and q.matmuls[C.TARGET_FUSED_GRAPH] == 5 * layers + 1
+    fused = _ops(art / f"{C.TARGET_FUSED_GRAPH}.onnx")
+    assert fused["MatMulNBits"] == q.matmuls[C.TARGET_FUSED_GRAPH] and "DequantizeLinear" not in fused
+    assert _ops(art / f"{C.TARGET_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.TARGET_GRAPH]
+    assert _ops(art / f"{C.DRAFT_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.DRAFT_GRAPH] >= 8
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH):
+        assert _float_matmul_weights(art / f"{g}.onnx") == []
+    raw = json.loads((art / MANIFEST_NAME).read_text())
+    assert Manifest.from_dict(raw).to_dict() == raw
+    assert pog.artifact_precision(raw) == "int4"
+    assert pog.artifact_precision(json.loads((int8[2] / MANIFEST_NAME).read_text())) == "fp32"
+    plain = models(**SMALL)[2]
+    size = {a: sum(f.stat().st_size for f in a.glob("*.data")) for a in (art, plain)}
+    assert size[art] < 0.6 * size[plain], size
+    assert m.draft_embedding.dtype == "float32" and m.draft_embedding.shared
+    # int8 asymmetric, target only: zero points, lm_head and the draft graph float
+    q8 = load_manifest(int8[2]).quantization
+    assert (q8.bits, q8.symmetric, q8.draft, set(q8.graphs)) == (8, False, False,
+                                                                {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})
+    assert [n for n in _float_matmul_weights(int8[2] / f"{C.TARGET_GRAPH}.onnx") if "lm_head" not in n] == []
+    assert len(_float_matmul_weights(int8[2] / f"{C.DRAFT_GRAPH}.onnx")) >= 8
+
+
+@pytest.mark.parametrize("which", ["int4", "int8"])
+def test_quantized_artifact_is_lossless(request, models, which):
+    """Lossless on a quantized artifact means its EAGLE tokens equal its own --no-draft greedy tokens (both on the
+    fused graph ONNX Runtime runs, at the artifact's accuracy level). The quantization changed the model: some
+    prompt's tokens differ from the float artifact's."""
+    art = request.getfixturevalue(which)[2]
+    rt = EagleRuntime.open(art, threads=1)
+    plain_rt = EagleRuntime.open(models(**SMALL)[2], threads=1)
+    rng = np.random.default_rng(3)
+    differs = False
+    for _ in range(4):
+        prompt = rng.integers(3, 48, int(rng.integers(2, 12))).tolist()
+        eagle = rt.generate(prompt_ids=prompt, max_new_tokens=24, stop_on_eos=False)
+        plain = rt.generate(prompt_ids=prompt, max_new_tokens=24, use_draft=False, stop_on_eos=False)
+        assert eagle.tokens == plain.tokens, prompt
+        assert eagle.stats.rounds < 24  # drafts were accepted: the verify ran wide
+        differs |= plain.tokens != plain_rt.generate(prompt_ids=prompt, max_new_tokens=24, use_draft=False,
+                                                     stop_on_eos=False).tokens
+    assert differs
+
+
+def test_bad_quantize_settings_fail_in_one_line(tiny, tmp_path):
+    target, draft, _ = tiny
+    runner = CliRunner()
+    base = ["export", "--target", str(target), "--draft", str(draft), "--quiet"]
+    cases = [(["--quantize", "int4", "--quantize-block-size", "48"], "--quantize-block-size must be a power of 2"),
+             (["--quantize", "int4", "--quantize-accuracy-level", "5"], "--quantize-accuracy-level must be one of"),
+             (["--quantize-draft"], "--quantize-draft needs --quantize int4 or int8"),
+             (["--quantize-asymmetric"], "--quantize-asymmetric needs --quantize"),
+             (["--quantize", "int4", "--dtype", "bf16"], "--quantize takes --dtype fp32 or fp16")]
+    for i, (extra, msg) in enumerate(cases):
+        res = runner.invoke(main, [*base, "--out", str(tmp_path / f"o{i}"), *extra])
+        assert res.exit_code != 0 and msg in res.output, (extra, res.output)
+        assert "Traceback" not in res.output and not (tmp_path / f"o{i}").exists()
+
+
+def test_asymmetric_artifact_refuses_a_tensorrt_build(int8):
+    """TensorRT-RTX refuses weights with zero points (tests/test_quantize.py shows its parser's error): `build`
+    says so in one line before loading any TensorRT, naming the fix."""
+    from eagle_export.engines.builder import build_engines
+
+    with pytest.raises(EngineError, match=r"int8 asymmetric \(zero points\).*--quantize-symmetric"):
+        build_engines(int8[2], progress=False)
+    assert not load_manifest(int8[2]).engines
+
+
+def test_quantize_options_check():
+    with pytest.raises(EagleExportError, match="--quantize must be int4 or int8, got int2"):
+        QuantizeOptions(bits=2).check()
+    QuantizeOptions(bits=8, block_size=256, accuracy_level=0).check()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validate on a quantized artifact
+
+
+def test_validate_quantized_artifact(int4):
+    """Every graph equals the PyTorch model holding the dequantized weights at the float tolerances (on the parity
+    copy), greedy and EAGLE match it, the artifact is lossless at its own settings, and the drift against the
+    unquantized model is reported."""
+    from eagle_export.tools.commands.validate import validate
+
+    report = validate(int4[2], prompts=2, max_new_tokens=10, threads=1)
+    assert report.passed, report.format()
+    assert set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH}
+    q = report.quantization
+    assert q.settings["method"] == "int4" and q.parity_level == 1
+    assert q.lossless_prompts == 2 and q.lossless_tokens == 20
+    assert q.positions > 20 and 0 <= q.top1_agreement < 1 and q.mean_kl > 1e-4  # int4 moved the distributions
+    assert "drift vs the unquantized model" in report.format()
+    assert report.to_dict()["quantization"]["drift_vs_unquantized"]["positions"] == q.positions
+
+
+def test_drift_of_the_float_model_is_zero(models):
+    """The drift measure itself: the float artifact against its own float model agrees everywhere."""
+    from eagle_export.export.loaders import load_target
+    from eagle_export.tools.commands.validate_quant import QuantReport, measure_drift
+
+    art = models(**SMALL)[2]
+    m = load_manifest(art)
+    lm = load_target(m.target.source, progress=False).model
+    report = QuantReport({})
+    measure_drift(art, m, lm, [[5, 9, 3, 7, 1, 22, 30], [4, 4, 4]], 1, report)
+    assert report.positions == 10 and report.top1_agreement == 1.0 and report.mean_kl < 1e-6
+
+
+def test_validate_fails_a_wrong_scale(int4, tmp_path):
+    """A planted quantization bug: one block scale 1.5x too large in the standard graph (qdq) and one in the fused
+    graph (MatMulNBits). validate compares with weights rebuilt from the checkpoint, so both graphs fail and the
+    draft graph, untouched, passes."""
+    import shutil
+
+    from onnx import numpy_helper
+
+    from eagle_export.tools.commands.validate import validate
+
+    art = tmp_path / "art"
+    shutil.copytree(int4[2], art)
+    for graph, suffix in ((C.TARGET_GRAPH, "_scale"), (C.TARGET_FUSED_GRAPH, "_scales")):
+        path = art / f"{graph}.onnx"
+        model = onnx.load(str(path), load_external_data=False)
+        t = next(i for i in model.graph.initializer if i.name.endswith(suffix))
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t, str(art)) * np.float32(1.5), t.name))
+        onnx.save_model(model, str(path))
+    report = validate(art, prompts=0, threads=1)
+    assert not report.passed
+    assert not report.graphs[C.TARGET_GRAPH].passed and not report.graphs[C.TARGET_FUSED_GRAPH].passed
+    assert report.graphs[C.DRAFT_GRAPH].passed

@@ -1,0 +1,186 @@
+"""`validate` on a quantized artifact (`export --quantize`): what changes, and the drift report.
+
+- **Parity** is checked against a PyTorch model holding the dequantized weights ``W' = (q - zp) * scale``, rebuilt
+  here from the float checkpoint with the exporter's own quantizer (``export/quantize.py``), so a graph whose
+  stored codes or scales are wrong fails. ONNX Runtime's fast int4 kernel (accuracy level 4) quantizes activations
+  to int8, which is not exact against ``W'``; the parity checks therefore run on a *parity copy* of the artifact
+  (its files hard-linked, each MatMulNBits and the manifest's level set to ``PARITY_LEVEL``, float compute), with
+  the same tolerances as a float artifact.
+- **Lossless at the artifact's own settings**: EAGLE tokens equal the same artifact's ``--no-draft`` tokens.
+- **Drift** against the unquantized model: over each prompt and its greedy continuation, the artifact's next-token
+  distribution (its standard graph, at its own accuracy level) against the float PyTorch model's: top-1 agreement
+  and mean KL(float || quantized). Reported, not judged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from eagle_export import contract as C
+from eagle_export.errors import EagleExportError
+from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo
+
+PARITY_LEVEL = 1  # MatMulNBits' float-compute level (0 and 1 are the same kernel: docs/scale.md)
+
+
+@dataclass
+class QuantReport:
+    settings: dict  # the manifest's quantization record
+    parity_level: int = PARITY_LEVEL
+    lossless_prompts: int = 0
+    lossless_tokens: int = 0
+    lossless_failures: list[str] = field(default_factory=list)
+    positions: int = 0
+    top1_agreement: float = float("nan")
+    mean_kl: float = float("nan")
+
+    @property
+    def passed(self) -> bool:
+        return not self.lossless_failures
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "settings": self.settings, "parity_accuracy_level": self.parity_level,
+                "lossless_vs_no_draft": {"prompts": self.lossless_prompts, "tokens": self.lossless_tokens,
+                                         "failures": self.lossless_failures},
+                "drift_vs_unquantized": {"positions": self.positions, "top1_agreement": self.top1_agreement,
+                                         "mean_kl": self.mean_kl}}
+
+    def format(self) -> list[str]:
+        s = self.settings
+        ok = "PASS" if self.passed else "FAIL"
+        lines = [f"quantization {s['method']} (block {s['block_size']}, "
+                 f"{'symmetric' if s['symmetric'] else 'asymmetric'}, accuracy level {s['accuracy_level']}"
+                 f"{', draft and lm_heads too' if s['draft'] else ''}): graphs compared with the dequantized "
+                 f"weights at accuracy level {self.parity_level}",
+                 f"  lossless at the artifact's settings (EAGLE == --no-draft): {ok} ({self.lossless_prompts} "
+                 f"prompts, {self.lossless_tokens} tokens)"]
+        lines += [f"    {f}" for f in self.lossless_failures[:5]]
+        if self.positions:
+            lines.append(f"  drift vs the unquantized model over {self.positions} positions: top-1 agreement "
+                         f"{self.top1_agreement:.4f}, mean KL {self.mean_kl:.3g} nats")
+        return lines
+
+
+def parity_copy(directory: Path, out: Path) -> Path:
+    """``out``: the artifact's files hard-linked (copied across file systems), its MatMulNBits nodes and manifest at
+    ``PARITY_LEVEL``; the graphs' weights are the same bytes."""
+    import onnx
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in directory.iterdir():
+        if f.is_file() and f.name != MANIFEST_NAME and not f.name.endswith(".onnx"):
+            try:
+                os.link(f, out / f.name)
+            except OSError:
+                shutil.copy2(f, out / f.name)
+    for f in directory.glob("*.onnx"):
+        model = onnx.load(str(f), load_external_data=False)
+        for node in model.graph.node:
+            if node.op_type == "MatMulNBits":
+                for a in node.attribute:
+                    if a.name == "accuracy_level":
+                        a.i = PARITY_LEVEL
+        onnx.save_model(model, str(out / f.name))
+    raw = json.loads((directory / MANIFEST_NAME).read_text())
+    raw["quantization"]["accuracy_level"] = PARITY_LEVEL
+    (out / MANIFEST_NAME).write_text(json.dumps(raw, indent=2) + "\n")
+    return out
+
+
+def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    seen, out = set(), []
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear) and id(m) not in seen:
+            seen.add(id(m))
+            out.append(m)
+    return out
+
+
+@torch.no_grad()
+def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: QuantizationInfo, dtype: str) -> None:
+    """Give the PyTorch reference, in place, the weights the artifact's graphs hold: each nn.Linear the export
+    quantized gets ``W'`` of its weight at the artifact's dtype (the decoder layers' projections; with
+    ``q.draft`` also both lm_heads and the draft head's). A tied lm_head is untied (the embedding stays float, as
+    in the artifact). Raises when the count differs from the manifest's (a model this rebuild does not cover)."""
+    from eagle_export.dtypes import DTYPES
+    from eagle_export.export.quantize import quantize_weight
+
+    np_dtype = DTYPES[dtype].numpy
+    done: dict[int, torch.Tensor] = {}
+
+    def deq(linear: torch.nn.Linear) -> None:
+        w = linear.weight
+        if id(linear) not in done:
+            k_n = w.detach().float().numpy().T.astype(np_dtype)
+            done[id(linear)] = torch.from_numpy(
+                np.ascontiguousarray(quantize_weight(k_n, q.bits, q.block_size, q.symmetric).dequantized.T))
+        linear.weight = torch.nn.Parameter(done[id(linear)].to(w.dtype), requires_grad=False)
+
+    target = [lin for layer in lm.model.layers for lin in _linears(layer)] + ([lm.lm_head] if q.lm_head else [])
+    want = q.matmuls.get(C.TARGET_GRAPH)
+    if want is not None and len(target) != want:
+        raise EagleExportError(f"validate: the artifact quantized {want} MatMuls of {C.TARGET_GRAPH} but the "
+                               f"reference has {len(target)} projections to dequantize: cannot build its reference")
+    draft = _linears(head) if q.draft else []
+    want = q.matmuls.get(C.DRAFT_GRAPH)
+    if q.draft and want is not None and len(draft) != want:
+        raise EagleExportError(f"validate: the artifact quantized {want} MatMuls of {C.DRAFT_GRAPH} but the head has "
+                               f"{len(draft)} linear layers: cannot build its reference")
+    for lin in target + draft:
+        deq(lin)
+
+
+def check_lossless(rt, prompts: list[list[int]], max_new: int, report: QuantReport) -> list[list[int]]:
+    """EAGLE == --no-draft on the artifact as the runtime runs it; returns the --no-draft continuations."""
+    conts = []
+    for p in prompts:
+        eagle = rt.generate(prompt_ids=p, max_new_tokens=max_new, stop_on_eos=False)
+        plain = rt.generate(prompt_ids=p, max_new_tokens=max_new, use_draft=False, stop_on_eos=False)
+        report.lossless_prompts += 1
+        report.lossless_tokens += len(plain.tokens)
+        diff = next((i for i, (a, b) in enumerate(zip(eagle.tokens, plain.tokens, strict=False)) if a != b), None)
+        if diff is None and len(eagle.tokens) != len(plain.tokens):
+            diff = min(len(eagle.tokens), len(plain.tokens))
+        if diff is not None:
+            report.lossless_failures.append(f"prompt {p}: EAGLE differs from --no-draft at token {diff}")
+        conts.append(plain.tokens)
+    return conts
+
+
+@torch.no_grad()
+def measure_drift(directory: Path, m: Manifest, float_lm: torch.nn.Module, sequences: list[list[int]],
+                  threads: int | None, report: QuantReport) -> None:
+    """Top-1 agreement and mean KL(float || artifact) of the next-token distributions over every position of
+    ``sequences``; the artifact's from its standard graph with the runtime's session settings."""
+    import onnxruntime as ort
+
+    from eagle_export.runtime.ort_backend import quantized_session_config, session_options
+
+    sess = ort.InferenceSession(str(directory / m.graphs[C.TARGET_GRAPH].file),
+                                sess_options=session_options(threads, config=quantized_session_config(m)),
+                                providers=["CPUExecutionProvider"])
+    t = m.target
+    dt = np.dtype(m.dtype)
+    agree, kl, n = 0, 0.0, 0
+    for seq in sequences:
+        T = len(seq)
+        feed = {C.INPUT_IDS: np.array([seq], np.int64), C.POSITION_IDS: np.arange(T, dtype=np.int64)[None],
+                C.ATTENTION_MASK: np.tril(np.ones((T, T), bool))[None],
+                C.LOGIT_INDICES: np.arange(T, dtype=np.int64)[None]}
+        for name in C.past_names(t.num_layers):
+            feed[name] = np.zeros((1, 0, t.kv_heads, t.head_dim), dt)
+        got = torch.from_numpy(sess.run([C.LOGITS], feed)[0][0]).float().log_softmax(-1)
+        want = float_lm(torch.tensor([seq])).logits[0].float().log_softmax(-1)
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        kl += float((want.exp() * (want - got)).sum(-1).sum())
+        n += T
+    report.positions = n
+    if n:
+        report.top1_agreement, report.mean_kl = agree / n, kl / n
