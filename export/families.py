@@ -70,7 +70,7 @@ def windowed(plans: list[LayerPlan], reach: int) -> list[int]:
 def key_positions(position_ids: torch.Tensor, past_len) -> torch.Tensor:
     """[B, past + T]: cache row j is position j; the new rows are at their position_ids."""
     bsz = position_ids.shape[0]
-    past = torch.arange(past_len, dtype=position_ids.dtype).unsqueeze(0).expand(bsz, -1)
+    past = torch.arange(past_len, dtype=position_ids.dtype, device=position_ids.device).unsqueeze(0).expand(bsz, -1)
     return torch.cat((past, position_ids), dim=1)
 
 
@@ -182,8 +182,25 @@ def _routing(mlp: nn.Module, kind: str, xs: torch.Tensor) -> tuple[torch.Tensor,
         top, idx = torch.topk(logits, r.top_k, dim=1)
         top = torch.sigmoid(top.float())
         n_exp = r.weight.shape[0]
-    dense = torch.zeros(xs.shape[0], n_exp, dtype=xs.dtype).scatter(1, idx, top.to(xs.dtype))
+    dense = xs.new_zeros(xs.shape[0], n_exp).scatter(1, idx, top.to(xs.dtype))
     return idx, dense
+
+
+class HitExperts(torch.autograd.Function):
+    """The indices of the nonzero entries of a 1-D vector, ascending (ONNX ``NonZero``, then ``Squeeze``). Traced on
+    the meta device (the lean export), where ``nonzero`` has no kernel, it stands in every index: only the trace's
+    shapes matter there, and the emitted node is the same."""
+
+    @staticmethod
+    def forward(ctx, hit: torch.Tensor) -> torch.Tensor:
+        if hit.is_meta:
+            return torch.empty(hit.shape[0], dtype=torch.long, device="meta")
+        return torch.nonzero(hit).squeeze(1)
+
+    @staticmethod
+    def symbolic(g, hit):
+        axes = g.op("Constant", value_t=torch.tensor([0], dtype=torch.long))
+        return g.op("Squeeze", g.op("NonZero", hit), axes)
 
 
 def moe_forward(mlp: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
@@ -194,8 +211,8 @@ def moe_forward(mlp: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
     ex = mlp.experts
     n_exp = dense.shape[1]
     flat = idx.reshape(-1)
-    hit = torch.zeros(n_exp, dtype=xs.dtype).scatter(0, flat, torch.ones_like(flat, dtype=xs.dtype))
-    sel = torch.nonzero(hit).squeeze(1)  # [M] hit experts, ascending
+    hit = xs.new_zeros(n_exp).scatter(0, flat, torch.ones_like(flat, dtype=xs.dtype))
+    sel = HitExperts.apply(hit)  # [M] hit experts, ascending
     w = dense[:, sel].transpose(0, 1).unsqueeze(-1)  # [M, N, 1]
     if kind == "qwen3_moe":  # gate_up [E, 2I, H], down [E, H, I]: x @ W^T
         gu = torch.matmul(ex.gate_up_proj[sel], xs.transpose(0, 1)).transpose(1, 2)  # [M, N, 2I]
