@@ -10,6 +10,8 @@ memory is one variant's: ``moe`` (the model as is), ``active`` (each MoE block r
 top_k x the expert width: what the step would cost if exactly the active experts' weights were read), ``all``
 (one SwiGLU MLP of experts x the expert width: every expert computed). Then ONNX Runtime CPU times a verify of
 T new tokens over 256 cached rows, the fastest of --reps calls, for each T in --widths. Figures go to stdout.
+The clock is the process's CPU time per call by default (one intra-op thread, spinning off), which a preemption
+on a shared machine does not inflate; ``--clock wall`` reads wall time.
 Random routing spreads the tokens over experts as evenly as a trained router does at worst, so a T-token
 call's hit experts are near min(T x top_k, experts).
 """
@@ -59,7 +61,7 @@ class SwiGLU(torch.nn.Module):
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, threads: int) -> dict:
+def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, threads: int, clock: str) -> dict:
     import onnxruntime as ort
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -97,6 +99,8 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
         del model
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        now = time.process_time if clock == "cpu" else time.perf_counter
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         rng = torch.Generator().manual_seed(1)
         for n in widths:
@@ -107,9 +111,9 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
             feed.update({name: torch.randn(1, CONTEXT, kv, hd).numpy() * 0.1 for name in C.past_names(layers)})
             best = float("inf")
             for _ in range(reps + 1):
-                t0 = time.perf_counter()
+                t0 = now()
                 sess.run([C.LOGITS], feed)
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, now() - t0)
             out[n] = best
     return {"params": params, "times": out}
 
@@ -120,20 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--widths", default="1,4,16,32")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     widths = [int(w) for w in a.widths.split(",")]
     if a.child:
         shape, variant = a.child.split(":")
-        print(json.dumps(child(shape, variant, a.layers, widths, a.reps, a.threads)))
+        print(json.dumps(child(shape, variant, a.layers, widths, a.reps, a.threads, a.clock)))
         return 0
     print("| shape | layers | variant | layer params | " + " | ".join(f"T={w} ms" for w in widths) + " |")
     print("|---|---|---|---|" + "---|" * len(widths))
     for shape in a.shapes.split(","):
         for variant in ("moe", "active", "all"):
             cmd = [sys.executable, "-m", "eagle_export.tools.moe_cost", "--child", f"{shape}:{variant}",
-                   "--layers", str(a.layers), "--widths", a.widths, "--reps", str(a.reps), "--threads", str(a.threads)]
+                   "--layers", str(a.layers), "--widths", a.widths, "--reps", str(a.reps), "--threads", str(a.threads),
+                   "--clock", a.clock]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode:
                 print(f"{shape} {variant}: failed\n{res.stderr[-2000:]}", file=sys.stderr)
