@@ -38,7 +38,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_lossless_past_the_window(models, name):
-    """Prompts of 3x and 5x the window (and a short one) then 40 new tokens, a chain and a tree, plus no-draft
+    """Prompts of 3x and 5x the window then 32 new tokens, a chain and a tree, plus no-draft
     decoding: token for token transformers' greedy generate. Catches a window or chunk left out of the mask (or
     off by one), sinks ignored, a wrong routing (top-k, normalisation, sigmoid input scale), a wrong expert
     layout (gpt-oss's interleaved gate/up, clamp, biases), Llama 4's rotary pairs, NoPE, QK norm or temperature.
