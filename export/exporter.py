@@ -24,8 +24,9 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 
 from .draft_tree import DraftTree
 from .embedding_table import locate_target_embedding, write_own_table
+from .families import layer_plans, windowed
 from .fused import FusedTargetVerify, pack_qkv, rope_cache
-from .loaders import LoadedTarget, check_sliding_window, load_draft_head, load_target
+from .loaders import LoadedTarget, load_draft_head, load_target
 from .modules import DraftStep, TargetVerify
 from .out_dir import (
     OutputLock,
@@ -83,13 +84,25 @@ class ExportOptions:
     quantize: QuantizeOptions | None = None
 
 
-def fused_unsupported(head_dim: int, dtype_name: str) -> str | None:
+def fused_unsupported(head_dim: int, dtype_name: str, model: torch.nn.Module | None = None,
+                      reach: int | None = None) -> str | None:
     """Why the fused target graph cannot serve this target (None: it can). ONNX Runtime's CPU GroupQueryAttention
-    takes float32/float16 and head sizes that are multiples of 16; such targets run the standard graph."""
+    takes float32/float16 and head sizes that are multiples of 16, half-split rotary on every layer, no learned
+    sinks, and no window or chunk narrower than the cache's ``reach`` (rows); other targets run the standard graph."""
     if dtype_name not in ("float32", "float16"):
         return f"{dtype_name} (ONNX Runtime runs float32 and float16 only)"
     if head_dim % C.FUSED_HEAD_DIM_MULTIPLE:
         return f"head_dim {head_dim} (GroupQueryAttention takes multiples of {C.FUSED_HEAD_DIM_MULTIPLE})"
+    if model is None:
+        return None
+    plans = layer_plans(model.config)
+    if any(p.rope != "half" or p.qk_l2_eps is not None or p.temperature is not None for p in plans):
+        return "NoPE layers, interleaved rotary, QK L2 norm or attention temperature (Llama 4)"
+    if any(getattr(layer.self_attn, "sinks", None) is not None for layer in model.model.layers):
+        return "learned attention sinks"
+    narrow = windowed(plans, reach or 0)
+    if narrow:
+        return f"sliding-window or chunked attention narrower than the cache on layers {narrow[:8]}"
     return None
 
 
@@ -295,7 +308,6 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             f"--max-seq-len {seq} exceeds the target's max_position_embeddings "
             f"{target.config.max_position_embeddings}"
         )
-    check_sliding_window(target, seq)
     if not target.tokenizer_files:
         log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
     steps.update()
@@ -344,7 +356,8 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
     kv_rows = seq + verify_rows
     fused_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.TOTAL_LEN: [1, kv_rows],
                   C.LOGIT_ROWS: [1, verify_rows], C.CAPACITY: [kv_rows, kv_rows]}
-    why_not = fused_unsupported(tinfo.head_dim, dtype_name) if options.fused else "not asked for (--no-fused)"
+    why_not = (fused_unsupported(tinfo.head_dim, dtype_name, target.model, kv_rows) if options.fused
+               else "not asked for (--no-fused)")
     if why_not is not None and options.fused:
         log.info("no fused target graph for this target: %s; ONNX Runtime runs the standard graph", why_not)
     fspec = C.target_fused_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,

@@ -29,15 +29,49 @@ from .formats import (
 log = logging.getLogger(__name__)
 
 # model_type -> the class transformers builds. Every family here has the Llama decoder-layer shape
-# (input_layernorm, self_attn with q/k/v/o projections, post_attention_layernorm, mlp) that
+# (input_layernorm, self_attn with q/k/v/o projections, post_attention_layernorm, an MLP) that
 # TargetVerify traces; Qwen2's q/k/v biases come with its Linear modules, Qwen3's per-head q/k norms are
-# applied by tree_attention.
+# applied by tree_attention, the rest (experts, windows, sinks, Llama 4's layers) by export/families.py.
 SUPPORTED_TARGETS = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
+    # Routed experts, windows, sinks, NoPE/chunked layers: export/families.py.
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
 }
+# Families refused by name, with what their support would need (docs/formats.md).
+MLA_NEEDS = ("multi-head latent attention (MLA) caches a compressed latent, not per-head K/V; it needs a latent "
+             "KV cache contract")
+HYBRID_NEEDS = ("its linear-attention layers keep a recurrent state, not a K/V cache; rejected draft tokens would "
+                "need the state rolled back")
+REFUSED_TARGETS = {
+    "deepseek_v3": ("DeepSeek V3", MLA_NEEDS), "deepseek_v2": ("DeepSeek V2", MLA_NEEDS),
+    "kimi_k2": ("Kimi K2", MLA_NEEDS), "mistral_large_3": ("Mistral Large 3", MLA_NEEDS),
+    "qwen3_next": ("Qwen3-Next", HYBRID_NEEDS), "qwen3_5": ("Qwen3.5", HYBRID_NEEDS),
+    "qwen3_5_moe": ("Qwen3.5", HYBRID_NEEDS),
+    "llama4": ("Llama 4 (Llama4ForConditionalGeneration, the multimodal checkpoint)",
+               "the text model alone (Llama4ForCausalLM, model_type llama4_text) is supported: save its "
+               "language_model as a Llama4ForCausalLM checkpoint"),
+}
+
+
+def refused_family(cfg: dict) -> tuple[str, str] | None:
+    """(family, what its support needs) for a target we refuse by name: listed model types, any config with an MLA
+    ``kv_lora_rank`` (Kimi K2 and Mistral Large 3 ship DeepSeek-V3-shaped configs) or ``linear_attention`` layers."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    for c in (cfg, text):
+        mt = c.get("model_type")
+        if mt in REFUSED_TARGETS:
+            return REFUSED_TARGETS[mt]
+    for c in (cfg, text):
+        if c.get("kv_lora_rank"):
+            return f"an MLA model ({c.get('model_type')})", MLA_NEEDS
+        if "linear_attention" in (c.get("layer_types") or []):
+            return f"a hybrid linear-attention model ({c.get('model_type')})", HYBRID_NEEDS
+    return None
 # RoPE types whose frequencies depend on the sequence length at run time ("dynamic" NTK, "longrope"):
 # a traced graph would freeze the tracing length's frequencies, so these are refused.
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
@@ -90,6 +124,9 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: 
         raise CheckpointError(f"target: {path} is not a directory")
     cfg = _read_json(path / "config.json", "target")
     model_type = cfg.get("model_type")
+    refused = refused_family(cfg)
+    if refused is not None:
+        raise CheckpointError(f"target: {path} is {refused[0]}, which is not supported: {refused[1]}")
     if model_type not in SUPPORTED_TARGETS:
         arch = ", ".join(cfg.get("architectures") or []) or "unknown architecture"
         supported = ", ".join(f"{v} ({k})" for k, v in SUPPORTED_TARGETS.items())
@@ -143,30 +180,6 @@ def check_rope_traceable(config, what: str) -> None:
         raise CheckpointError(
             f"{what} uses rope_type {rope_type!r}, whose frequencies depend on the sequence length at run time; "
             "the exported graphs cannot follow that. Supported: default, linear, llama3, yarn"
-        )
-
-
-def sliding_window_layers(config) -> tuple[int | None, list[int]]:
-    """(window, layers that use it) as transformers applies them; (None, []) when attention is full everywhere."""
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None, []
-    types = getattr(config, "layer_types", None)
-    if types is None:  # Mistral: one window for every layer
-        return int(window), list(range(config.num_hidden_layers))
-    return int(window), [i for i, t in enumerate(types) if t == "sliding_attention"]
-
-
-def check_sliding_window(target: LoadedTarget, max_seq_len: int) -> None:
-    """The graphs implement full causal attention; that equals sliding-window attention only while every
-    query-key distance stays below the window, i.e. when the window >= the capacity (--max-seq-len)."""
-    window, layers = sliding_window_layers(target.config)
-    if layers and window < max_seq_len:
-        shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
-        raise CheckpointError(
-            f"target: {target.path} uses sliding-window attention (sliding_window={window} on layers {shown}) and "
-            f"--max-seq-len {max_seq_len} is larger than the window; the exported graphs use full attention, which "
-            f"would differ from the model past {window} tokens: export with --max-seq-len {window} or less"
         )
 
 

@@ -12,6 +12,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .families import (
+    LayerPlan,
+    key_positions,
+    l2_norm,
+    layer_plans,
+    mlp_forward,
+    plan_mask,
+    rope_cos_sin,
+    rotate_interleaved,
+    sink_column,
+    temperature_scale,
+)
+
 MASK_MIN = torch.finfo(torch.float32).min
 
 
@@ -21,7 +34,7 @@ def rope_tables(rotary_emb: nn.Module, x: torch.Tensor, position_ids: torch.Tens
     rotate_half(x) * sin == cat(x2, x1) * cat(-sin1, sin2) exactly (negation is exact), so each
     layer rotates with one split and one concat, and the sign is folded into sin here once.
     """
-    cos, sin = rotary_emb(x, position_ids)
+    cos, sin = rope_cos_sin(rotary_emb, x, position_ids, head_dim)
     s1, s2 = sin.split([head_dim // 2, head_dim // 2], dim=-1)
     return cos.unsqueeze(2), torch.cat((-s1, s2), dim=-1).unsqueeze(2)
 
@@ -76,13 +89,17 @@ def kv_group(attn: nn.Module) -> int:
 
 
 def tree_attention(attn: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                   bias: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, bsz, seq, past_len):
+                   bias: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, bsz, seq, past_len,
+                   plan: LayerPlan | None = None, position_ids: torch.Tensor | None = None):
     """Attention of T new tokens over [past rows | new rows] with an explicit mask.
 
     attn: a Hugging Face attention module (q/k/v/o projections, optional q_norm/k_norm).
     rope: ``rope_tables``; bias: ``mask_bias``; bsz, seq, past_len: the graph's dynamic sizes,
     read once from its inputs and passed to every layer, so the traced shape arithmetic is the
     same nodes in every layer (ONNX Runtime merges them); head counts are Python ints (constants).
+    plan: the target layer's ``families.LayerPlan`` (None: Llama's half-split rotary); with rope "interleaved"
+    the ``rope`` tables are half-width (Llama 4), with None the layer has no rotary. A module with ``sinks``
+    (gpt-oss) gets one more score column per head, dropped after the softmax. position_ids: for the temperature.
     Returns (output [B, T, H_out], new K [B, T, nKV, hd], new V [B, T, nKV, hd]).
     """
     hd = attn.head_dim
@@ -93,15 +110,30 @@ def tree_attention(attn: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, t
     if getattr(attn, "q_norm", None) is not None:
         q = attn.q_norm(q)
         k = attn.k_norm(k)
-    q = apply_rope(q, *rope, hd)
-    k = apply_rope(k, *rope, hd)
+    style = "half" if plan is None else plan.rope
+    if style == "half":
+        q = apply_rope(q, *rope, hd)
+        k = apply_rope(k, *rope, hd)
+    elif style == "interleaved":
+        q = rotate_interleaved(q, *rope)
+        k = rotate_interleaved(k, *rope)
+    if plan is not None and plan.qk_l2_eps is not None:
+        q = l2_norm(q, plan.qk_l2_eps)
+        k = l2_norm(k, plan.qk_l2_eps)
+    if plan is not None and plan.temperature is not None:
+        q = (q * temperature_scale(position_ids, *plan.temperature)).to(q.dtype)
     # Group query heads by their KV head: [B, nH, T, hd] is [B, nKV, group, T, hd], viewed as
     # [B, nKV, group*T, hd] (row g*T + t); no K/V repeat.
     qg = q.transpose(1, 2).reshape(bsz, n_kv, -1, hd)
     s_past = torch.matmul(qg, past_k.permute(0, 2, 3, 1))
     s_new = torch.matmul(qg, k.permute(0, 2, 3, 1))
     scores = torch.cat((s_past, s_new), dim=-1).float() * attn.scaling + bias
-    probs = torch.softmax(scores, dim=-1).to(x.dtype)
+    sinks = getattr(attn, "sinks", None)
+    if sinks is not None:
+        scores = torch.cat((scores, sink_column(sinks, n_kv, bsz, seq)), dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :-1].to(x.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1).to(x.dtype)
     out = torch.matmul(probs[..., :past_len], past_v.transpose(1, 2))
     out = out + torch.matmul(probs[..., past_len:], v.transpose(1, 2))
     out = out.view(bsz, n_heads, -1, hd).transpose(1, 2).reshape(bsz, -1, n_heads * hd)
@@ -126,6 +158,7 @@ class TargetVerify(nn.Module):
         self.rotary_emb = base.rotary_emb
         self.lm_head = causal_lm.lm_head
         self.feature_layers = list(feature_layers) if feature_layers is not None else None
+        self.plans = layer_plans(causal_lm.config)
         if self.feature_layers is not None:
             n = len(self.layers)
             if not all(0 <= i < n for i in self.feature_layers):
@@ -137,17 +170,28 @@ class TargetVerify(nn.Module):
         past_len = past[0].shape[1]
         h = self.embed_tokens(input_ids)
         attn0 = self.layers[0].self_attn
-        rope = rope_tables(self.rotary_emb, h, position_ids, attn0.head_dim)
-        bias = mask_bias(attention_mask, kv_group(attn0))
+        hd = attn0.head_dim
+        if any(p.rope == "interleaved" for p in self.plans):
+            rope = tuple(t.unsqueeze(2) for t in rope_cos_sin(self.rotary_emb, h, position_ids, hd))
+        else:
+            rope = rope_tables(self.rotary_emb, h, position_ids, hd)
+        # One bias per distinct layer mask (full, each window, each chunk size), built once per graph.
+        kpos = key_positions(position_ids, past_len) if any(p.span for p in self.plans) else None
+        biases = {}
+        for p in self.plans:
+            key = (p.mask, p.span)
+            if key not in biases:
+                biases[key] = mask_bias(plan_mask(attention_mask, p, position_ids, kpos), kv_group(attn0))
         presents = []
         taps = {}
         for i, layer in enumerate(self.layers):
             if self.feature_layers is not None and i in self.feature_layers:
                 taps[i] = h
-            a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, bias,
-                                     past[2 * i], past[2 * i + 1], bsz, seq, past_len)
+            plan = self.plans[i]
+            a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, biases[(plan.mask, plan.span)],
+                                     past[2 * i], past[2 * i + 1], bsz, seq, past_len, plan, position_ids)
             h = h + a
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + mlp_forward(layer, layer.post_attention_layernorm(h))
             presents += [k, v]
         return target_outputs(self.norm(h), taps, self.feature_layers, logit_indices, self.lm_head, presents)
 

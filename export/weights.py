@@ -66,7 +66,41 @@ class MemoryTensor:
         return self.tensor
 
 
-Source = CheckpointTensor | MemoryTensor
+@dataclass(frozen=True)
+class StackedExperts:
+    """One [experts, rows, cols] parameter from per-expert checkpoint tensors, as transformers 5 merges them when it
+    loads (Qwen3-MoE's hub layout ``experts.{e}.gate_proj/up_proj/down_proj.weight``): expert e's parts concatenated
+    along their rows (gate then up), the experts stacked."""
+
+    parts: tuple[tuple[CheckpointTensor, ...], ...]  # per expert, the tensors concatenated along dim 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = self.parts[0]
+        return (len(self.parts), sum(t.shape[0] for t in first), *first[0].shape[1:])
+
+    def load(self) -> torch.Tensor:
+        return torch.stack([torch.cat([t.load() for t in row], dim=0) for row in self.parts])
+
+
+Source = CheckpointTensor | MemoryTensor | StackedExperts
+
+# Fused expert parameters transformers 5 builds from per-expert checkpoint tensors: suffix -> the parts.
+STACKED_EXPERTS = {".experts.gate_up_proj": ("gate_proj", "up_proj"), ".experts.down_proj": ("down_proj",)}
+
+
+def stacked_experts(name: str, index: dict[str, CheckpointTensor]) -> StackedExperts | None:
+    """The per-expert checkpoint tensors a fused expert parameter ``name`` is made of, or None."""
+    for suffix, parts in STACKED_EXPERTS.items():
+        if not name.endswith(suffix):
+            continue
+        base = name[: -len(suffix)] + ".experts."
+        rows = []
+        while all(f"{base}{len(rows)}.{p}.weight" in index for p in parts):
+            rows.append(tuple(index[f"{base}{len(rows)}.{p}.weight"] for p in parts))
+        if rows:
+            return StackedExperts(tuple(rows))
+    return None
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -123,12 +157,14 @@ def checkpoint_sources(model: torch.nn.Module, index: dict[str, CheckpointTensor
     sources: dict[int, Source] = {}
     for pid, p in params.items():
         key = next((n for n in names[pid] if n in index), None)
-        if key is None:
+        source = index[key] if key is not None else next(
+            (s for s in (stacked_experts(n, index) for n in names[pid]) if s is not None), None)
+        if source is None:
             raise CheckpointError(f"target: the checkpoint lacks {' / '.join(names[pid])}")
-        if index[key].shape != tuple(p.shape):
-            raise CheckpointError(f"target: {key} has shape {index[key].shape} in the checkpoint, the config "
-                                  f"implies {tuple(p.shape)}")
-        sources[pid] = index[key]
+        if source.shape != tuple(p.shape):
+            raise CheckpointError(f"target: {key or names[pid][0]} has shape {source.shape} in the checkpoint, the "
+                                  f"config implies {tuple(p.shape)}")
+        sources[pid] = source
     return sources
 
 

@@ -19,7 +19,6 @@ from eagle_export.errors import CheckpointError
 from eagle_export.export.embedding_table import OWN_TABLE_FILE
 from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.export.loaders import (
-    check_sliding_window,
     load_draft_head,
     load_eagle1_head,
     load_target,
@@ -323,17 +322,22 @@ def test_own_embedding_is_used(models):
 # ---- target families: what the graphs cannot reproduce is refused at load / before export ---------
 
 
-def test_sliding_window_smaller_than_capacity(pair, tmp_path):
-    target = make_tiny_target(tmp_path / "t", "mistral", with_tokenizer=False, vocab_size=48, sliding_window=32)
-    export_fails(target, pair[1], tmp_path, "sliding-window attention", "sliding_window=32", "layers 0, 1, 2",
-                 "--max-seq-len 64", "--max-seq-len 32 or less")
-    check_sliding_window(load_target(target), 32)  # a window covering the capacity is full attention: accepted
+def test_sliding_window_layers_read_as_transformers_applies_them(tmp_path):
+    """Windows are exported (in the mask, export/families.py): each layer's plan is read as transformers applies
+    it, Mistral's one window on every layer, Qwen2's from max_window_layers on; the fused graph is left out where
+    a window is narrower than its cache (a wider one is full attention there). Catches a window read for the wrong
+    layers, or a fused graph kept without the window."""
+    from eagle_export.export.exporter import fused_unsupported
+    from eagle_export.export.families import SLIDING, layer_plans, windowed
 
-
-def test_qwen2_sliding_layers_named(pair, tmp_path):
-    target = make_tiny_target(tmp_path / "t", "qwen2", with_tokenizer=False, vocab_size=48, use_sliding_window=True,
-                              sliding_window=16, max_window_layers=1)
-    export_fails(target, pair[1], tmp_path, "sliding_window=16 on layers 1, 2", "--max-seq-len 64")
+    t = load_target(make_tiny_target(tmp_path / "m", "mistral", with_tokenizer=False, vocab_size=48,
+                                     sliding_window=32))
+    assert [(p.mask, p.span) for p in layer_plans(t.config)] == [(SLIDING, 32)] * 3
+    assert "narrower than the cache on layers [0, 1, 2]" in fused_unsupported(32, "float32", t.model, 64)
+    assert fused_unsupported(32, "float32", t.model, 32) is None  # a window covering the capacity
+    t = load_target(make_tiny_target(tmp_path / "q", "qwen2", with_tokenizer=False, vocab_size=48,
+                                     use_sliding_window=True, sliding_window=16, max_window_layers=1))
+    assert windowed(layer_plans(t.config), 64) == [1, 2]
 
 
 def test_length_dependent_rope_refused(pair, tmp_path):

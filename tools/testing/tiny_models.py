@@ -88,10 +88,38 @@ TARGET_PRESETS: dict[str, dict[str, Any]] = {
     # Mistral: GQA, a sliding window (4096, as Mistral 7B v0.1) wider than any capacity the tests use.
     "mistral": _preset(model_type="mistral", num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=3,
                        sliding_window=4096),
+    # The published configs' structure, scaled down (same keys, layer pattern; experts, windows, chunks smaller).
+    # Qwen3-30B-A3B: 128 experts top-8 (here 8, top-2), norm_topk_prob, q/k norms, GQA, head_dim 128 (here 32);
+    # mlp_only_layers [1] (the published one is [], decoder_sparse_step 1) so a dense layer sits between MoE ones.
+    "qwen3_moe": _preset(model_type="qwen3_moe", num_key_value_heads=2, num_hidden_layers=3, head_dim=32,
+                         moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                         decoder_sparse_step=1, mlp_only_layers=[1], use_sliding_window=False, sliding_window=None,
+                         max_window_layers=3, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # gpt-oss-20b: alternating sliding (128; here 8) / full layers, learned sinks, q/k/v/o biases, 32 experts top-4
+    # (here 8, top-2) with biased clamped SwiGLU (limit 7), YaRN rope (factor 32 over 4096; here over 64).
+    "gpt_oss": _preset(model_type="gpt_oss", num_key_value_heads=2, num_hidden_layers=4, head_dim=16,
+                       intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+                       layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True,
+                       swiglu_limit=7.0, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                        "beta_slow": 1.0, "original_max_position_embeddings": 64,
+                                        "truncate": False}),
+    # Llama 4 (Scout's text model; Maverick's interleaving): MoE every 2nd layer (16 experts top-1 here 4) with a
+    # shared expert, dense layers of intermediate_size_mlp, chunked attention (8192; here 8) on rope layers, a NoPE
+    # layer every 4th, QK L2 norm, attention temperature tuning (floor_scale 8192; here 8), llama3 rope scaling.
+    "llama4": _preset(model_type="llama4_text", num_key_value_heads=2, num_hidden_layers=4, head_dim=16,
+                      intermediate_size=32, intermediate_size_mlp=128, num_local_experts=4, num_experts_per_tok=1,
+                      interleave_moe_layer_step=2, attention_chunk_size=8, no_rope_layer_interval=4,
+                      use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8, attn_scale=0.1,
+                      rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64}),
 }
 #: model_type -> the transformers class name written to config.json "architectures".
 FAMILY_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "mistral": "MistralForCausalLM"}
+                  "mistral": "MistralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                  "llama4_text": "Llama4ForCausalLM"}
 
 # Fixed training text for the tokenizer (built in, so the vocab is identical on every run and
 # every Python version).
