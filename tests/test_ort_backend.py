@@ -145,10 +145,11 @@ def test_spin_per_phase_applies_to_each_phases_sessions(models):
     (each session has its own thread pool); a bare policy applies to all; a typo names the forms it takes."""
     from eagle_export import contract as C
     from eagle_export.manifest import load_manifest
-    from eagle_export.runtime.ort_backend import DEFAULT_SPIN, OrtBackend, parse_spin
+    from eagle_export.runtime.ort_backend import DEFAULT_PHASES, DEFAULT_SPIN, OrtBackend, parse_spin
 
     assert parse_spin("run") == {"target": "run", "draft": "run"}
-    assert parse_spin("draft=on") == {"target": DEFAULT_SPIN, "draft": "on"}
+    assert parse_spin("draft=on") == {"target": DEFAULT_PHASES["target"], "draft": "on"}
+    assert parse_spin(DEFAULT_SPIN) == DEFAULT_PHASES == {"target": "run", "draft": "off"}
     for bad in ("target=fast", "verify=run", "target=run;draft=off"):
         with pytest.raises(ValueError, match="per phase like 'target=run,draft=off'"):
             parse_spin(bad)
