@@ -70,9 +70,11 @@ class DraftTree(nn.Module):
 
         # Every level's rotary tables at once: level l's nodes all sit at position root + l.
         attn = self.head.midlayer.self_attn if self.head.variant == "eagle3" else self.head.layers[0].self_attn
-        levels = torch.arange(self.depth, device=input_embeds.device).unsqueeze(0)
+        # Index constants are made from the inputs (new_ones, cumsum), not as tensors of their own: the lean export
+        # traces on the meta device, where a tensor constant has no data to put in the graph.
+        levels = base_pos.new_ones((1, self.depth)).cumsum(-1) - 1
         cos, sin = rope_tables(self.head.rotary_emb, h, base_pos + levels, attn.head_dim)  # [B, depth, 1, hd]
-        ar = torch.arange(k, device=input_embeds.device)
+        ar = base_pos.new_ones((k,)).cumsum(0) - 1
         eye = (ar.unsqueeze(1) == ar.unsqueeze(0)).unsqueeze(0).expand(bsz, k, k)
         scores, tokens = ctx_vals[:, 0, :k], ctx_ids[:, 0, :k]  # level 1: the root's children
         front = ar.unsqueeze(0).expand(bsz, k)  # the frontier's candidate indices

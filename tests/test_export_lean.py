@@ -145,9 +145,12 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
     for name, g in m.graphs.items():
         inits = _initializers(out / g.file)
         assert inits
-        # The fused target graph reads the weights it shares with the standard one from that graph's data file.
+        # The fused target graph reads the weights it shares with the standard one from that graph's data file; the
+        # draft tree graph its head's from the step graph's, the embedding from the target graph's.
         homes = {g.file + ".data"} | ({m.graphs[C.TARGET_GRAPH].file + ".data"} if name == C.TARGET_FUSED_GRAPH
                                      else set())
+        if name == C.DRAFT_TREE_GRAPH:
+            homes |= {m.graphs[C.DRAFT_GRAPH].file + ".data", m.graphs[C.TARGET_GRAPH].file + ".data"}
         for t in inits:
             assert t.data_location == onnx.TensorProto.EXTERNAL, t.name
             assert {e.key: e.value for e in t.external_data}["location"] in homes, t.name
