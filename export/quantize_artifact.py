@@ -98,6 +98,28 @@ def fold_weight_concats(model: onnx.ModelProto, base_dir: Path) -> int:
     return folded
 
 
+def inline_identity_weights(model: onnx.ModelProto) -> int:
+    """Let every node read an initializer itself where it reads it through an ``Identity`` (torch.onnx exports a
+    weight used several times, as the draft tree graph's unrolled levels use the head's, once, and the other uses
+    through Identity nodes), so each MatMul by a weight shows it as its weight; drop those Identity nodes. Returns
+    how many."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    alias = {n.output[0]: n.input[0] for n in g.node
+             if n.op_type == "Identity" and n.input[0] in inits and n.output[0] not in outputs}
+    if not alias:
+        return 0
+    keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for n in keep:
+        for i, x in enumerate(n.input):
+            if x in alias:
+                n.input[i] = alias[x]
+    del g.node[:]
+    g.node.extend(keep)
+    return len(alias)
+
+
 def write_data(model: onnx.ModelProto, graph_path: Path) -> None:
     """Save ``model`` as ``graph_path`` with every initializer over INLINE_MAX bytes in ``<graph>.onnx.data``
     (rewritten: read from wherever it lies now, the file itself included, then renamed into place)."""
@@ -161,6 +183,7 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
         path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
         model = onnx.load(str(path), load_external_data=False)
         if options.draft:  # ONNX Runtime only: MatMulNBits written directly
+            inline_identity_weights(model)
             report = quantize_matmuls(model, options.bits, options.block_size, options.symmetric,
                                       accuracy_level=options.accuracy_level, form="nbits", predicate=predicate,
                                       base_dir=directory)

@@ -59,14 +59,20 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     layers = m.target.num_layers
     assert (q.method, q.bits, q.block_size, q.symmetric, q.accuracy_level, q.draft, q.lm_head) == (
         "int4", 4, 32, True, 4, True, True)
-    assert q.graphs == {C.TARGET_FUSED_GRAPH: "nbits", C.TARGET_GRAPH: "qdq", C.DRAFT_GRAPH: "qdq"}
+    assert q.graphs == {C.TARGET_FUSED_GRAPH: "nbits", C.TARGET_GRAPH: "qdq", C.DRAFT_GRAPH: "qdq",
+                        C.DRAFT_TREE_GRAPH: "nbits"}
     # standard: q k v o gate up down + lm_head; fused: packed qkv, o, gate, up, down + lm_head
     assert q.matmuls[C.TARGET_GRAPH] == 7 * layers + 1 and q.matmuls[C.TARGET_FUSED_GRAPH] == 5 * layers + 1
     fused = _ops(art / f"{C.TARGET_FUSED_GRAPH}.onnx")
     assert fused["MatMulNBits"] == q.matmuls[C.TARGET_FUSED_GRAPH] and "DequantizeLinear" not in fused
     assert _ops(art / f"{C.TARGET_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.TARGET_GRAPH]
     assert _ops(art / f"{C.DRAFT_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.DRAFT_GRAPH] >= 8
-    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH):
+    # the draft tree graph (ONNX Runtime only) as MatMulNBits: the step graph's projections once per level, and its
+    # weights still stored once where they are the same bytes as another graph's (the float embedding)
+    tree = _ops(art / f"{C.DRAFT_TREE_GRAPH}.onnx")
+    levels = m.tree_defaults.depth + 1
+    assert tree["MatMulNBits"] == q.matmuls[C.DRAFT_TREE_GRAPH] >= q.matmuls[C.DRAFT_GRAPH] * levels
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH):
         assert _float_matmul_weights(art / f"{g}.onnx") == []
     raw = json.loads((art / MANIFEST_NAME).read_text())
     assert Manifest.from_dict(raw).to_dict() == raw
@@ -78,7 +84,7 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     assert m.draft_embedding.dtype == "float32" and m.draft_embedding.shared
     # int8 asymmetric, target only: zero points, lm_head and the draft graph float
     q8 = load_manifest(int8[2]).quantization
-    assert (q8.bits, q8.symmetric, q8.draft, set(q8.graphs)) == (8, False, False,
+    assert (q8.bits, q8.symmetric, q8.draft, set(q8.graphs)) == (8, False, False,  # the tree graph stays float
                                                                 {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})
     assert [n for n in _float_matmul_weights(int8[2] / f"{C.TARGET_GRAPH}.onnx") if "lm_head" not in n] == []
     assert len(_float_matmul_weights(int8[2] / f"{C.DRAFT_GRAPH}.onnx")) >= 8
@@ -148,7 +154,7 @@ def test_validate_quantized_artifact(int4):
 
     report = validate(int4[2], prompts=2, max_new_tokens=10, threads=1)
     assert report.passed, report.format()
-    assert set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH}
+    assert set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH}
     q = report.quantization
     assert q.settings["method"] == "int4" and q.parity_level == 1
     assert q.lossless_prompts == 2 and q.lossless_tokens == 20
