@@ -10,7 +10,10 @@ active sequence (a ``Slot``) has its own committed rows in both caches, its own 
 state, stop rule and stats. A round reads as the algorithm, for every active sequence at once:
 ``_grow_tree`` (one draft call per tree level), ``_verify`` (one target call for every tree),
 ``_accept_and_commit`` (per sequence) and ``_draft_context`` (one draft call for every sequence's committed
-tokens); a sequence joins with ``_prefill`` (its prompt alone, in chunks) and leaves when it finishes.
+tokens); a sequence joins with ``_prefill`` (its prompt alone, in chunks) and leaves when it finishes. Where the
+backend runs the draft tree graph (contract 5) and the round's trees fit it, ``_draft_context`` grows every
+sequence's next tree in its one call (``_run_tree``, ``_load_tree``), and the next round skips ``_grow_tree``: one
+draft call and one target call a round.
 Decoding without a draft is the same round with a root-only tree and no draft calls. ``run`` drives one
 sequence through these steps; the scheduler (``scheduler.py``) drives many.
 
