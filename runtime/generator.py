@@ -820,15 +820,8 @@ class Generator:
                 m, L = widths[b], s.L
                 if m:
                     self._gather("dfeats_in", b * mm, "tfeats", s.acc.indices + b * tt)
-                    ids[b, :m] = s.tokens
-                    pos[b, :m] = self._arange[L:L + m]
-                    mask[b, :m, :L] = True
-                    mask[b, :m, past:past + m] = self._tri[:m, :m]
                     used += L
-                for i in range(m, mm):
-                    ids[b, i] = 0
-                    pos[b, i] = L
-                    mask[b, i, past + i] = True
+                self._context_rows(ids, pos, mask, b, m, mm, past, L, s.tokens, L)
             self.padding.bound += a * past
             self.padding.used += used
             if tree:
@@ -849,6 +842,20 @@ class Generator:
             if s.reason is None and s.error is None:
                 s.L += len(s.tokens)
                 s.root = s.tokens[-1]
+
+    def _context_rows(self, ids, pos, mask, b: int, m: int, mm: int, past: int, start: int, tokens,
+                      pad_pos: int) -> None:
+        """Slot b's rows of a context pass: its m tokens at positions [start, start + m), each seeing the slot's
+        committed rows [0, start) and the context rows up to itself; rows [m, mm) padding that sees only itself."""
+        if m:
+            ids[b, :m] = tokens
+            pos[b, :m] = self._arange[start:start + m]
+            mask[b, :m, :start] = True
+            mask[b, :m, past:past + m] = self._tri[:m, :m]
+        for i in range(m, mm):
+            ids[b, i] = 0
+            pos[b, i] = pad_pos
+            mask[b, i, past + i] = True
 
     def _retire(self) -> list[Slot]:
         """Remove finished (or failed) slots; the last active slot moves into each freed one."""
@@ -921,15 +928,8 @@ class Generator:
             L0 = s.L - m  # the lagging tokens' rows are [L0, L)
             if m:
                 self._gather("dfeats_in", b * mm, "lagfeats", self._arange[b * P:b * P + m])
-                ids[b, :m] = s.lag
-                pos[b, :m] = self._arange[L0:L0 + m]
-                mask[b, :m, :L0] = True
-                mask[b, :m, past:past + m] = self._tri[:m, :m]
                 used += L0
-            for i in range(m, mm):
-                ids[b, i] = 0
-                pos[b, i] = s.L
-                mask[b, i, past + i] = True
+            self._context_rows(ids, pos, mask, b, m, mm, past, L0, s.lag, s.L)
         self.padding.add(a * past, used)
         self._run_draft(a, mm, mm, past)
         for b, s in enumerate(slots):
