@@ -484,8 +484,13 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="Requests per batched pass [default: 2 x N, at least the prompts].")
 @click.option("--batch-repeats", type=click.IntRange(min=1), default=None,
               help="Pass pairs per candidate and N in the batched stage [default: --repeats].")
+@click.option("--spin", default="auto", show_default=True,
+              callback=lambda c, p, v: v if v == "auto" else _spin(v),
+              help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
+                   "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
+                   "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats) -> None:
+             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, spin) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -506,7 +511,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
-                  batch_repeats=batch_repeats)
+                  batch_repeats=batch_repeats, spin=spin)
     lossy = bool(report.lossy) or not report.batch_lossless
     written = False
     if not dry_run and not lossy:
@@ -521,7 +526,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         if written:
             w = report.winner.tree
             click.echo(f"wrote tree_defaults top_k {w.top_k}, depth {w.depth}, total_tokens {w.total_tokens} "
-                       f"into {Path(artifact) / 'manifest.json'}")
+                       f"into {Path(artifact) / 'manifest.json'}"
+                       + (f", and the spin policy {report.spin}" if report.spin else ""))
             if report.batch_table is not None:
                 click.echo(f"wrote batch_trees ({len(report.batch_table.rows)} rows) into "
                            f"{Path(artifact) / 'manifest.json'}")

@@ -157,9 +157,15 @@ class TunedInfo:
     repeats: int
     tuned_at: str  # UTC, ISO 8601
     eagle_export: str  # version that tuned
+    # ONNX Runtime's thread spin policy tune measured fastest on that machine (``runtime.ort_backend.parse_spin``'s
+    # form), the runtime's default there; None: the runtime's built-in default (older records, TensorRT).
+    spin: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["spin"] is None:  # older records have none: they round-trip unchanged
+            del d["spin"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> TunedInfo:

@@ -178,7 +178,8 @@ class EagleRuntime:
         ``submit``, at most the artifact's ``export --max-batch``). fused: on ONNX Runtime, run the fused target
         graph where the artifact has one (the default; False runs the standard graph, e.g. to compare the two). spin:
         ONNX Runtime's thread spin policy, "off", "run" or "on", or one per phase, "target=run,draft=off" (None: the
-        backend's default; docs/runtime.md, Threading).
+        one `eagle-export tune` chose for the artifact on ONNX Runtime, else the backend's default; docs/runtime.md,
+        Threading).
         draft_tree: on ONNX Runtime, draft with the draft tree graph where the artifact has one and the round's tree
         fits it (the default: one draft call a round; False drafts level by level with the step graph).
         """
@@ -191,8 +192,8 @@ class EagleRuntime:
         if backend == "ort":
             from .ort_backend import DEFAULT_SPIN, OrtBackend
 
-            be = OrtBackend(directory, manifest, providers, threads, fused=fused, spin=spin or DEFAULT_SPIN,
-                            draft_tree=draft_tree)
+            be = OrtBackend(directory, manifest, providers, threads, fused=fused,
+                            spin=spin or tuned_spin(manifest) or DEFAULT_SPIN, draft_tree=draft_tree)
         elif backend == "tensorrt":
             from .trt_backend import TrtBackend
 
@@ -344,3 +345,9 @@ class EagleRuntime:
             pass
         assert stream.result is not None
         return stream.result
+
+
+def tuned_spin(manifest) -> str | None:
+    """The spin policy `eagle-export tune` measured fastest for this artifact on ONNX Runtime (None: not tuned so)."""
+    t = manifest.tuned
+    return t.spin if t is not None and t.backend == "ort" else None

@@ -85,6 +85,28 @@ def test_tune_writes_the_winner(art, ids_file):
     assert g["tree"] == out["winner"]["tree"]
 
 
+def test_spin_stage_picks_the_fastest_policy_and_the_runtime_defaults_to_it(art, ids_file):
+    """tune --spin auto measures every candidate policy with the default tree (lossless), keeps the one with the most
+    EAGLE tokens/s, runs the tree stages with it and records it; the runtime then opens with it unless told
+    otherwise. A given policy is used as is (no stage) and recorded the same way."""
+    out = tune_json(art, ids_file, "--top-k", 1, "--depth", 1, "--total-tokens", 2, "--no-refine")
+    stage = out["spin_stage"]
+    assert sorted(r["spin"] for r in stage) == sorted(T.SPIN_CANDIDATES)
+    assert all(r["lossless"] and r["runs"] == 4 for r in stage)  # 2 prompts x 2 passes (order reversed on the 2nd)
+    best = max(stage, key=lambda r: r["eagle_tok_s"])
+    assert out["spin"] == best["spin"] == stage[0]["spin"]
+    m = load_manifest(art)
+    assert m.tuned.spin == out["spin"]
+    assert EagleRuntime.open(art, threads=1).backend.spin == out["spin"]
+    assert EagleRuntime.open(art, threads=1, spin="on").backend.spin == "on"  # an explicit policy wins
+    out = tune_json(art, ids_file, "--top-k", 1, "--depth", 1, "--total-tokens", 2, "--no-refine", "--spin",
+                    "target=on,draft=run")
+    assert out["spin_stage"] == [] and out["spin"] == "target=on,draft=run"
+    assert load_manifest(art).tuned.spin == "target=on,draft=run"
+    assert EagleRuntime.open(art, threads=1).backend.spin == "target=on,draft=run"
+    fail("tune", art, "--spin", "fast", expect=("spin must be one of",))
+
+
 def test_tune_dry_run_and_table(art, ids_file):
     raw = (art / MANIFEST_NAME).read_bytes()
     out = tune_json(art, ids_file, "--top-k", 2, "--depth", 1, "--total-tokens", "2,4", "--dry-run", "--no-refine")

@@ -20,6 +20,12 @@ The search has two stages (see docs/tune.md):
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
    valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
 
+Before them, on ONNX Runtime, a spin stage (``spin="auto"``, the default) picks the intra-op threads' spin policy
+(``SPIN_CANDIDATES``; docs/runtime.md, Threading): the artifact's current default tree with each policy, one runtime
+per policy opened in turn (a session's policy is fixed when it is made), the order reversed on every other repeat,
+ranked by EAGLE tokens/s. Which policy wins depends on the CPU (measured in docs/runtime.md), so it is measured, used
+for the stages after it, and written into the ``tuned`` record, where the runtime reads its default.
+
 With ``batch_sizes`` (the command's ``--batch-sizes``, default 1, 2, 4, ... up to the artifact's --max-batch), a
 third stage measures, at each number of concurrent sequences N >= 2, a ladder of the best tree of each size against
 batched plain decoding (tools/commands/tune_batch.py), and ``write_winner`` also writes the per-batch table
@@ -64,6 +70,11 @@ DEFAULT_DEPTH = (2, 4, 8)
 DEFAULT_TOTAL_TOKENS = (4, 8, 16, 32, 60)
 RANKED_BY = "speedup"
 ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
+
+
+# The spin stage's candidates: the runtime's per-phase default, spin while every call runs, never spin. ("on", spinning
+# on after a call returns, makes the draft's and the target's threads compete with each other and with the host.)
+SPIN_CANDIDATES = ("target=run,draft=off", "run", "off")
 
 
 class TuneError(EagleExportError):
@@ -188,6 +199,57 @@ def _rank_key(r: SettingRow):
 
 
 @dataclass
+class SpinRow:
+    """One spin policy of the spin stage: the artifact's default tree measured with it."""
+
+    spin: str
+    eagle_tok_s: float  # median over prompts x repeats
+    no_draft_tok_s: float
+    lossless: bool
+    runs: int
+
+    def to_dict(self) -> dict:
+        return {"spin": self.spin, "eagle_tok_s": self.eagle_tok_s, "no_draft_tok_s": self.no_draft_tok_s,
+                "lossless": self.lossless, "runs": self.runs}
+
+
+def spin_candidates(spin: str | None, backend: str) -> list[str]:
+    """The spin stage's policies: ``SPIN_CANDIDATES`` for "auto", the one given, none on TensorRT or for None."""
+    if backend != "ort" or spin is None:
+        return []
+    if spin == "auto":
+        return list(SPIN_CANDIDATES)
+    from eagle_export.runtime.ort_backend import parse_spin
+
+    try:
+        parse_spin(spin)
+    except ValueError as e:
+        raise TuneError(f"--spin: {e} (or auto)") from None
+    return [spin]
+
+
+def spin_stage(artifact, candidates: list[str], *, prompts, tree: TreeParams, max_new_tokens: int, backend: str,
+               threads: int | None, repeats: int, say: Callable[[str], None]) -> tuple[list[SpinRow], list]:
+    """Each candidate's EAGLE and no-draft tokens/s on ``tree``, one runtime per policy in turn (the order reversed
+    on every other repeat); rows best first (lossy last). Returns (rows, the resolved prompt specs)."""
+    measured: dict[str, list[PromptRow]] = {c: [] for c in candidates}
+    specs = prompts
+    for rep in range(repeats):
+        for c in candidates if rep % 2 == 0 else candidates[::-1]:
+            with PairedSession(artifact, prompts=specs, backend=backend, threads=threads, spin=c) as s:
+                specs = s.specs
+                s.warm_up(tree, max_new_tokens)
+                measured[c] += s.measure(tree, max_new_tokens)
+            rows = measured[c][-len(specs):]
+            say(f"spin {c} (pass {rep + 1}/{repeats}): EAGLE {statistics.median(r.eagle_tok_s for r in rows):.1f} "
+                f"tok/s, no-draft {statistics.median(r.no_draft_tok_s for r in rows):.1f} tok/s")
+    out = [SpinRow(c, statistics.median(r.eagle_tok_s for r in rs), statistics.median(r.no_draft_tok_s for r in rs),
+                   all(r.lossless for r in rs), len(rs)) for c, rs in measured.items()]
+    out.sort(key=lambda r: (not r.lossless, -r.eagle_tok_s))
+    return out, specs
+
+
+@dataclass
 class TuneReport:
     artifact: str
     backend: str
@@ -203,10 +265,13 @@ class TuneReport:
     previous: TreeParams  # tree_defaults before the run
     engines_max_tree_tokens: int | None = None  # the artifact's TensorRT engines' verify limit, if built
     batch: list[SizeRow] = field(default_factory=list)  # stage 3: per number of active sequences N >= 2
+    spin_rows: list[SpinRow] = field(default_factory=list)  # the spin stage, best first (empty: not run)
+    spin: str | None = None  # the policy every later stage ran with and the record keeps (None: runtime default)
 
     @property
     def batch_lossless(self) -> bool:
-        return all(c.lossless for row in self.batch for c in row.candidates)
+        return all(c.lossless for row in self.batch for c in row.candidates) and all(r.lossless
+                                                                                       for r in self.spin_rows)
 
     @property
     def batch_table(self) -> BatchTrees | None:
@@ -234,6 +299,7 @@ class TuneReport:
                 "refine": self.refine, "skipped": dict(self.skipped), "settings": [r.to_dict() for r in self.rows],
                 "lossless": not self.lossy, "previous": self.previous.to_dict(),
                 "winner": None if w is None else w.to_dict(), "batch": [row.to_dict() for row in self.batch],
+                "spin": self.spin, "spin_stage": [r.to_dict() for r in self.spin_rows],
                 "batch_trees": None if self.batch_table is None else self.batch_table.to_list()}
 
     def format(self) -> str:
@@ -249,6 +315,10 @@ class TuneReport:
                          f"{r.eagle_tok_s:>11.1f}  {r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  "
                          f"{'yes' if r.lossless else 'NO'}")
         lines.append("")
+        if self.spin_rows:
+            lines.append("spin policy (the default tree, EAGLE tokens/s; docs/runtime.md, Threading): " + "; ".join(
+                f"{r.spin} {r.eagle_tok_s:.1f}" + ("" if r.lossless else " LOSSY") for r in self.spin_rows)
+                + f" -> {self.spin}")
         if self.skipped:
             lines.append("skipped grid combinations: " + "; ".join(f"{n} ({why})" for why, n in self.skipped.items()))
         w = self.winner
@@ -293,22 +363,38 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          top_k: ValuesArg | None = None, depth: ValuesArg | None = None, total_tokens: ValuesArg | None = None,
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
-         batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None) -> TuneReport:
+         batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None,
+         spin: str | None = "auto") -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
     batch_sizes: numbers of concurrent sequences for the per-batch stage ('1,2,4', ints, or 'auto': 1, 2, 4, ...
     up to the artifact's --max-batch; None: no such stage); batch_candidates: tree sizes measured there, at most;
     batch_requests: requests per batched pass (default 2 N, at least the prompts); batch_repeats: pass pairs per
-    candidate and N (default: repeats).
+    candidate and N (default: repeats). spin: "auto" (measure ``SPIN_CANDIDATES`` first), one policy (used and
+    recorded), or None (the runtime's default, nothing recorded); ONNX Runtime only.
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
         raise TuneError(f"--repeats must be >= 1, got {repeats!r}")
     grid = Grid.parse(top_k, depth, total_tokens)
     sizes = _batch_sizes(artifact, batch_sizes)
+    spins = spin_candidates(spin, backend)
     say = log or (lambda msg: None)
-    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads) as s:
+    spin_rows: list[SpinRow] = []
+    chosen = spins[0] if len(spins) == 1 else None
+    if len(spins) > 1:
+        from eagle_export.manifest import load_manifest
+
+        default_tree = load_manifest(artifact).tree_defaults
+        say(f"spin stage: {len(spins)} policies with the default tree (top_k {default_tree.top_k}, depth "
+            f"{default_tree.depth}, total_tokens {default_tree.total_tokens})")
+        spin_rows, prompts = spin_stage(artifact, spins, prompts=prompts, tree=default_tree,
+                                        max_new_tokens=max_new_tokens, backend=backend, threads=threads,
+                                        repeats=max(repeats, 2), say=say)
+        chosen = spin_rows[0].spin
+        say(f"spin policy: {chosen}")
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=chosen) as s:
         skipped: Counter[str] = Counter()
         todo = []
         for t in grid.settings():
@@ -361,14 +447,14 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         engines_max = int(eng.options["max_tree_tokens"]) if eng is not None else None
     rows.sort(key=lambda r: (not r.lossless, *_rank_key(r)))
     report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
-                        rows, dict(skipped), previous, engines_max)
+                        rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen)
     cands = ladder(rows, batch_candidates)
     if sizes and cands:
         say(f"per-batch stage: N = {', '.join(map(str, sizes))}; {len(cands)} tree sizes and no draft at each")
         report.batch = tune_batch(artifact, sizes=sizes, candidates=cands, prompts=specs,
                                   max_new_tokens=max_new_tokens, backend=backend, threads=threads,
                                   repeats=batch_repeats or repeats,
-                                  requests=batch_requests, log=say)
+                                  requests=batch_requests, log=say, spin=chosen)
     return report
 
 
@@ -407,7 +493,7 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
         ranked_by=RANKED_BY, tau=w.tau, eagle_tok_s=w.eagle_tok_s, no_draft_tok_s=w.no_draft_tok_s,
         speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
         repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        eagle_export=__version__)
+        eagle_export=__version__, spin=report.spin)
     return set_tree_defaults(artifact, w.tree, tuned, batch_trees=report.batch_table)
 
 

@@ -79,7 +79,7 @@ def ladder(rows, limit: int = 6) -> list[TreeParams]:
 def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeParams],
                prompts: list[PromptSpec] | None = None, max_new_tokens: int = 64, backend: str = "ort",
                threads: int | None = None, repeats: int = 1, requests: int | None = None,
-               log: Callable[[str], None] | None = None) -> list[SizeRow]:
+               log: Callable[[str], None] | None = None, spin: str | None = None) -> list[SizeRow]:
     """Measure every candidate against batched no-draft at each N of ``sizes``; see the module docstring."""
     from eagle_export.runtime import EagleRuntime
 
@@ -88,7 +88,7 @@ def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeP
     say = log or (lambda msg: None)
     out: list[SizeRow] = []
     for n in sizes:
-        rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n)
+        rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n, spin=spin)
         try:
             specs = prompts if prompts is not None else builtin_prompts(rt.tokenizer is not None,
                                                                          rt.manifest.target.vocab_size)
