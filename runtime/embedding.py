@@ -46,18 +46,30 @@ class TokenEmbedding:
         self.table = t.view(torch.bfloat16) if dt.numpy is None else t
         self.vocab_size, self.hidden_size = ref.vocab_size, ref.hidden_size
         self.dtype = self.table.dtype
+        # A plain ndarray view of the table for ``gather`` (bfloat16 has none). Not the np.memmap itself: numpy's
+        # subclass machinery made each lookup about 6x slower.
+        self._np = None if dt.numpy is None else self.table.numpy()
 
     @classmethod
     def open(cls, directory: str | Path, manifest: Manifest) -> TokenEmbedding:
         return cls(directory, manifest.draft_embedding)
 
-    def gather(self, ids: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+    def gather(self, ids: np.ndarray, out: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
         """out[i] = row ids[i] of the table. ids: int64 token ids (any shape, flattened); out: [len(ids), H] on
-        any device (a device buffer is filled from a host gather)."""
-        idx = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1))
+        any device (a device buffer is filled from a host gather), or a host array.
+
+        The decode loop passes a numpy view of its host buffer: between ONNX Runtime calls a torch call is slow (its
+        dispatch runs with cold caches: slicing the buffer and index_select took 75-100 us for a few rows, numpy's
+        take 12 us; docs/runtime.md, "Where a round's time goes")."""
+        idx = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if isinstance(out, np.ndarray):
+            if self._np is None:
+                raise TypeError("a bfloat16 table is gathered into torch tensors only")
+            np.take(self._np, idx, axis=0, out=out)
+            return out
         if out.device.type == "cpu":
-            return torch.index_select(self.table, 0, idx, out=out)
-        return out.copy_(self.table.index_select(0, idx))
+            return torch.index_select(self.table, 0, torch.from_numpy(idx), out=out)
+        return out.copy_(self.table.index_select(0, torch.from_numpy(idx)))
 
     def rows(self, ids) -> torch.Tensor:
         """A new [..., H] tensor of the rows of ``ids`` (tests, validate, tools)."""

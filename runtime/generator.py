@@ -359,9 +359,14 @@ class Generator:
                               strict=True))
         self.backend.run(self.tgraph, inputs, outputs)
 
+    def _embed(self, rows: int) -> None:
+        """``dembeds`` rows [0, rows) = the embedding rows of the tokens in ``_ids`` (host buffers: through numpy)."""
+        dst = self._np["dembeds"] if self._np is not None else self._t["dembeds"]
+        self.embedding.gather(self._ids.array[:rows], dst[:rows])
+
     def _run_draft(self, a: int, n: int, feat_rows: int, past: int, base: int = 0) -> None:
         """The draft over the tokens in ``_ids`` [a, n]: their embedding rows are gathered here, then the call."""
-        self.embedding.gather(self._ids.array[:a * n], self._t["dembeds"][:a * n])
+        self._embed(a * n)
         fixed, outputs = self._draft_io(a, n, feat_rows)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
@@ -371,7 +376,7 @@ class Generator:
     def _run_tree(self, a: int, n: int, past: int, base: int = 0) -> None:
         """The draft tree graph over the context rows in ``_ids`` [a, n] (every row a feature row), each sequence's
         last context row in ``_last_row``: the context pass and the whole tree in one call."""
-        self.embedding.gather(self._ids.array[:a * n], self._t["dembeds"][:a * n])
+        self._embed(a * n)
         fixed, outputs = self._tree_io(a, n)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
