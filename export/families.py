@@ -8,11 +8,18 @@ their ``position_ids``. So the preallocated cache keeps full rows, and a sliding
 ``window`` or more positions behind the query (transformers' ``kv_idx > q_idx - window``), a chunked layer's the keys
 in another ``chunk``-sized block (``kv_idx // chunk == q_idx // chunk``).
 
-Routed experts are computed over the *union of the experts the call's tokens picked* (``moe_forward``): the hit
-experts' weights are gathered by index and every token of the call runs through them, weighted by its (dense,
-zero where unpicked) routing weights. A 1-token step reads top_k experts, a verify of T tokens at most
-min(T * top_k, experts); a long prefill reads them all (the dense case). Standard ONNX ops (ScatterElements,
-NonZero, Gather, MatMul) that TensorRT also supports.
+Routed experts are computed over a *selection of experts that holds every one the call's tokens picked*
+(``moe_forward``): the selected experts' weights are gathered by index and every token of the call runs through
+them, weighted by its (dense, zero where unpicked) routing weights, so a selected expert no token picked adds exact
+zeros. Two selections (``STATIC``, ``UNION``):
+
+- ``STATIC`` (the standard graph, which TensorRT builds): ``TopK`` of ``K = min(N * top_k, experts)`` experts, N
+  the call's tokens (a shape-only value), the hit experts first; TensorRT-RTX has no ``NonZero``. A 1-token step
+  reads top_k experts, a verify of T tokens exactly min(T * top_k, experts).
+- ``UNION`` (the fused graph, which only ONNX Runtime runs): exactly the hit experts (``NonZero``), at most
+  min(T * top_k, experts).
+
+A long prefill reads them all (the dense case). Standard ONNX ops (ScatterElements, TopK or NonZero, Gather, MatMul).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch
 from torch import nn
 
 FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
+STATIC, UNION = "static", "union"  # moe_forward's expert selections (module docstring)
 
 
 @dataclass(frozen=True)
@@ -152,13 +160,14 @@ def moe_kind(mlp: nn.Module) -> str | None:
     raise NotImplementedError(f"unknown routed-expert block {type(mlp).__name__}")
 
 
-def mlp_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's feed-forward over x [B, T, H]: the dense MLP, or routed experts over the hit experts only."""
+def mlp_forward(layer: nn.Module, x: torch.Tensor, selection: str = STATIC) -> torch.Tensor:
+    """The layer's feed-forward over x [B, T, H]: the dense MLP, or routed experts over the selected experts only
+    (``selection``: ``STATIC`` or ``UNION``, see the module docstring)."""
     mlp = layer_mlp(layer)
     kind = moe_kind(mlp)
     if kind is None:
         return mlp(x)
-    return moe_forward(mlp, kind, x)
+    return moe_forward(mlp, kind, x, selection)
 
 
 def _routing(mlp: nn.Module, kind: str, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,16 +212,48 @@ class HitExperts(torch.autograd.Function):
         return g.op("Squeeze", g.op("NonZero", hit), axes)
 
 
-def moe_forward(mlp: nn.Module, kind: str, x: torch.Tensor) -> torch.Tensor:
-    """Routed experts over the union of the experts the call's tokens picked (see the module docstring)."""
+class TopExperts(torch.autograd.Function):
+    """The K = min(picks.numel(), len(rank)) entries of ``rank`` [E] ranked highest (ONNX ``TopK``). K is a
+    shape-only value (``Size`` -> ``Min``), so the output's size does not depend on the data: TensorRT builds it.
+    Traced with the tracing call's sizes; the emitted node computes K from each call's."""
+
+    @staticmethod
+    def forward(ctx, rank: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+        k = min(picks.shape[0] * picks.shape[1], rank.shape[0])
+        if rank.is_meta:
+            return torch.empty(k, dtype=torch.long, device="meta")
+        return torch.topk(rank, k).indices
+
+    @staticmethod
+    def symbolic(g, rank, picks):
+        one = g.op("Constant", value_t=torch.tensor([1], dtype=torch.long))
+        n = g.op("Reshape", g.op("Size", picks), one)  # [1]: tokens x top_k
+        k = g.op("Min", n, g.op("Shape", rank))  # [1]: at most every expert
+        _, ids = g.op("TopK", rank, k, axis_i=0, largest_i=1, sorted_i=1, outputs=2)
+        return ids
+
+
+def select_experts(idx: torch.Tensor, n_exp: int, selection: str = STATIC) -> torch.Tensor:
+    """The experts ``moe_forward`` computes, given the call's picks ``idx`` [N, top_k]: every picked one, ascending.
+    ``UNION``: exactly those. ``STATIC``: then the lowest unpicked ones up to min(N x top_k, experts) in all (a
+    size fixed by the call's shape; their routing weights are zero)."""
+    flat = idx.reshape(-1)
+    hit = torch.zeros(n_exp, dtype=torch.float32, device=idx.device).scatter(
+        0, flat, torch.ones(flat.shape, dtype=torch.float32, device=idx.device))
+    if selection == UNION:
+        return HitExperts.apply(hit)
+    # Distinct ranks: a hit expert e ranks n_exp - e (> 0), an unhit one -e (<= 0); exact in float32.
+    rank = hit * n_exp - torch.arange(n_exp, dtype=torch.float32, device=idx.device)
+    return TopExperts.apply(rank, idx)
+
+
+def moe_forward(mlp: nn.Module, kind: str, x: torch.Tensor, selection: str = STATIC) -> torch.Tensor:
+    """Routed experts over a selection holding every expert the call's tokens picked (see the module docstring)."""
     bsz, seq, hidden = x.shape
     xs = x.reshape(-1, hidden)
     idx, dense = _routing(mlp, kind, xs)
     ex = mlp.experts
-    n_exp = dense.shape[1]
-    flat = idx.reshape(-1)
-    hit = xs.new_zeros(n_exp).scatter(0, flat, torch.ones_like(flat, dtype=xs.dtype))
-    sel = HitExperts.apply(hit)  # [M] hit experts, ascending
+    sel = select_experts(idx, dense.shape[1], selection)  # [M]
     w = dense[:, sel].transpose(0, 1).unsqueeze(-1)  # [M, N, 1]
     if kind == "qwen3_moe":  # gate_up [E, 2I, H], down [E, H, I]: x @ W^T
         gu = torch.matmul(ex.gate_up_proj[sel], xs.transpose(0, 1)).transpose(1, 2)  # [M, N, 2I]

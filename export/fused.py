@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .families import mlp_forward
+from .families import UNION, mlp_forward
 from .modules import MASK_MIN, target_outputs
 
 MS = "com.microsoft"
@@ -170,7 +170,7 @@ class FusedTargetVerify(nn.Module):
                                         bias)
             post = layer.post_attention_layernorm
             x, h = SkipRMSNorm.apply(a, h, post.weight, _eps(post))
-            m = mlp_forward(layer, x)
+            m = mlp_forward(layer, x, UNION)  # only ONNX Runtime runs this graph: NonZero's exact union
             nxt = self.layers[i + 1].input_layernorm if i + 1 < n else self.norm
             x, h = SkipRMSNorm.apply(m, h, nxt.weight, _eps(nxt))
             presents += [pk, pv]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .families import (
+    STATIC,
     LayerPlan,
     key_positions,
     l2_norm,
@@ -147,10 +148,13 @@ class TargetVerify(nn.Module):
     a list of layer indices gives the *inputs* of those decoder layers (hidden_states[i] in
     transformers' output_hidden_states numbering), concatenated in the list's order (EAGLE-3); an index
     may repeat (a 6-layer target's reference layers are 2, 3, 3).
+    ``expert_selection``: a MoE target's routed experts (families.py): ``STATIC`` (``TopK``, which TensorRT builds)
+    by default; ``UNION`` (``NonZero``) only for measuring it (tools/moe_cost.py).
     """
 
-    def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None):
+    def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None, expert_selection: str = STATIC):
         super().__init__()
+        self.expert_selection = expert_selection
         base = causal_lm.model
         self.embed_tokens = base.embed_tokens
         self.layers = base.layers
@@ -191,7 +195,7 @@ class TargetVerify(nn.Module):
             a, k, v = tree_attention(layer.self_attn, layer.input_layernorm(h), rope, biases[(plan.mask, plan.span)],
                                      past[2 * i], past[2 * i + 1], bsz, seq, past_len, plan, position_ids)
             h = h + a
-            h = h + mlp_forward(layer, layer.post_attention_layernorm(h))
+            h = h + mlp_forward(layer, layer.post_attention_layernorm(h), self.expert_selection)
             presents += [k, v]
         return target_outputs(self.norm(h), taps, self.feature_layers, logit_indices, self.lm_head, presents)
 

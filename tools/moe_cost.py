@@ -1,12 +1,15 @@
-"""MoE cost benchmark: a target step's cost with routed experts (export/families.py: the hit experts gathered by
-index) against the same layers made dense at the active experts' width, and dense at all experts' width.
+"""MoE cost benchmark: a target step's cost with routed experts (export/families.py: the selected experts gathered
+by index) against the same layers made dense at the active experts' width, and dense at all experts' width.
 
     python -m eagle_export.tools.moe_cost [--shapes qwen3-30b-a3b,gpt-oss-20b] [--layers 1] [--widths 1,4,16,32]
+                                          [--variants moe,union,active,all]
 
 For each shape (the published config's hidden size, heads, expert count, top-k and expert width; ``--layers``
 decoder layers; a 1024-token vocabulary so the lm_head does not hide the MLP) it builds a random-weight
-transformers model, traces the standard target verify graph (fp32) three ways, each in a child process so peak
-memory is one variant's: ``moe`` (the model as is), ``active`` (each MoE block replaced by one SwiGLU MLP of
+transformers model, traces the standard target verify graph (fp32) up to four ways, each in a child process so
+peak memory is one variant's: ``moe`` (the model as exported: the STATIC selection, a ``TopK`` of min(T x top_k,
+experts) experts), ``union`` (the UNION selection the fused graph uses: ``NonZero``, exactly the hit experts),
+``active`` (each MoE block replaced by one SwiGLU MLP of
 top_k x the expert width: what the step would cost if exactly the active experts' weights were read), ``all``
 (one SwiGLU MLP of experts x the expert width: every expert computed). Then ONNX Runtime CPU times a verify of
 T new tokens over 256 cached rows, the fastest of --reps calls, for each T in --widths. Figures go to stdout.
@@ -67,6 +70,7 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
 
     from eagle_export import contract as C
     from eagle_export.export.exporter import _export_graph
+    from eagle_export.export.families import STATIC, UNION
     from eagle_export.export.modules import TargetVerify
 
     cfg = dict(SHAPES[shape])
@@ -78,7 +82,7 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
     torch.manual_seed(0)
     with torch.no_grad():
         model = AutoModelForCausalLM.from_config(config).eval()
-        if variant != "moe":
+        if variant not in ("moe", "union"):
             for layer in model.model.layers:
                 layer.mlp = SwiGLU(config.hidden_size, (top_k if variant == "active" else experts) * width)
                 for p in layer.mlp.parameters():
@@ -95,7 +99,8 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "target_verify.onnx"
         with torch.no_grad():
-            _export_graph(TargetVerify(model, None).eval(), args, spec, path)
+            module = TargetVerify(model, None, UNION if variant == "union" else STATIC)
+            _export_graph(module.eval(), args, spec, path)
         del model
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
+    ap.add_argument("--variants", default="moe,union,active,all")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     widths = [int(w) for w in a.widths.split(",")]
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| shape | layers | variant | layer params | " + " | ".join(f"T={w} ms" for w in widths) + " |")
     print("|---|---|---|---|" + "---|" * len(widths))
     for shape in a.shapes.split(","):
-        for variant in ("moe", "active", "all"):
+        for variant in a.variants.split(","):
             cmd = [sys.executable, "-m", "eagle_export.tools.moe_cost", "--child", f"{shape}:{variant}",
                    "--layers", str(a.layers), "--widths", a.widths, "--reps", str(a.reps), "--threads", str(a.threads),
                    "--clock", a.clock]
