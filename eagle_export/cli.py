@@ -512,7 +512,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
                   batch_repeats=batch_repeats, spin=spin)
-    lossy = bool(report.lossy) or not report.batch_lossless
+    lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:
         write_winner(artifact, report)
@@ -538,7 +538,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         if not as_json:
             click.echo(f"speedup plot: {plot_file}")
     if lossy:
-        click.echo(f"error: {len(report.lossy) or 'a batched'} setting(s) were lossy (EAGLE tokens differ from "
+        what = len(report.lossy) or ("a batched" if not report.batch_lossless else "a spin stage")
+        click.echo(f"error: {what} setting(s) were lossy (EAGLE tokens differ from "
                    "no-draft): manifest not changed", err=True)
         sys.exit(1)
 

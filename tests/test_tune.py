@@ -168,7 +168,12 @@ def test_write_winner_refuses_a_lossy_report(art):
     with pytest.raises(T.TuneError, match="lossy"):
         T.write_winner(art, report)
     report.rows = [good]
-    assert T.write_winner(art, report).tree_defaults == TreeParams(1, 1, 2)
+    report.spin_rows, report.spin = [T.SpinRow("run", 30.0, 20.0, False, 4)], "run"  # EAGLE != no-draft there
+    with pytest.raises(T.TuneError, match="spin stage was lossy"):
+        T.write_winner(art, report)
+    report.spin_rows = [T.SpinRow("run", 30.0, 20.0, True, 4)]
+    m = T.write_winner(art, report)
+    assert m.tree_defaults == TreeParams(1, 1, 2) and m.tuned.spin == "run"
 
 
 def test_admissible_and_parse_list():

@@ -270,8 +270,11 @@ class TuneReport:
 
     @property
     def batch_lossless(self) -> bool:
-        return all(c.lossless for row in self.batch for c in row.candidates) and all(r.lossless
-                                                                                       for r in self.spin_rows)
+        return all(c.lossless for row in self.batch for c in row.candidates)
+
+    @property
+    def spin_lossless(self) -> bool:
+        return all(r.lossless for r in self.spin_rows)
 
     @property
     def batch_table(self) -> BatchTrees | None:
@@ -485,6 +488,9 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
                         + "; ".join(r.label() for r in report.lossy) + "): EAGLE must equal no-draft decoding")
     if not report.batch_lossless:
         raise TuneError("not writing tree_defaults: a batched pass was lossy: EAGLE must equal no-draft decoding")
+    if not report.spin_lossless:
+        raise TuneError("not writing tree_defaults: a pass of the spin stage was lossy: EAGLE must equal no-draft "
+                        "decoding")
     w = report.winner
     if w is None:
         raise TuneError("not writing tree_defaults: no setting was measured")
