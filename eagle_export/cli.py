@@ -484,13 +484,15 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="Requests per batched pass [default: 2 x N, at least the prompts].")
 @click.option("--batch-repeats", type=click.IntRange(min=1), default=None,
               help="Pass pairs per candidate and N in the batched stage [default: --repeats].")
+@click.option("--confirm", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Measure the best N settings twice more, interleaved, before ranking them (0: no).")
 @click.option("--spin", default="auto", show_default=True,
               callback=lambda c, p, v: v if v == "auto" else _spin(v),
               help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
                    "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
                    "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, spin) -> None:
+             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm, spin) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -511,7 +513,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
-                  batch_repeats=batch_repeats, spin=spin)
+                  batch_repeats=batch_repeats, spin=spin, confirm=confirm)
     lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:

@@ -59,15 +59,18 @@ def test_tune_writes_the_winner(art, ids_file):
     assert grid_trees == {(1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 4), (2, 2, 2), (2, 2, 4)}
     assert len(rows) == len({json.dumps(r["tree"], sort_keys=True) for r in rows})  # nothing measured twice
     rt = EagleRuntime.open(art, threads=1)
+    confirmed = [r for r in rows if r["confirmed"]]
+    assert rows[:3] == confirmed  # the best three measured twice more, ranked ahead of the rest
     for r in rows:
         assert r["lossless"] is True and r["lossy_prompts"] == []
-        assert r["runs"] == 2
+        assert r["runs"] == (2 * (1 + T.CONFIRM_PASSES) if r["confirmed"] else 2)  # prompts x passes
         # tau is the setting's committed tokens per target forward, recomputed here from greedy runs of its tree.
         acc = [a for p in (P12, P9) for a in rt.generate(prompt_ids=p, max_new_tokens=6, stop_on_eos=False,
                                                          tree=TreeParams(**r["tree"])).stats.accept_lengths]
         assert r["tau"] == pytest.approx((sum(acc) + len(acc)) / len(acc)), r
-    speedups = [r["speedup"] for r in rows]
-    assert speedups == sorted(speedups, reverse=True)  # rank order
+    for group in (confirmed, rows[3:]):
+        speedups = [r["speedup"] for r in group]
+        assert speedups == sorted(speedups, reverse=True)  # rank order
     assert out["winner"] == rows[0]
     m = load_manifest(art)  # still loads
     assert m.tree_defaults.to_dict() == out["winner"]["tree"]
@@ -123,7 +126,9 @@ def test_tune_dry_run_and_table(art, ids_file):
 
 
 def test_refinement_around_the_winner(art, ids_file):
-    out = tune_json(art, ids_file, "--top-k", "2", "--depth", "2,4", "--total-tokens", "4,8", "--dry-run")
+    # --confirm 0: the refinement is centred on the grid's winner as first measured, which confirming would re-rank
+    out = tune_json(art, ids_file, "--top-k", "2", "--depth", "2,4", "--total-tokens", "4,8", "--dry-run",
+                    "--confirm", "0")
     grid = [r for r in out["settings"] if r["stage"] == "grid"]
     refine = [r["tree"] for r in out["settings"] if r["stage"] == "refine"]
     assert len(grid) == 4

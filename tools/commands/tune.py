@@ -20,6 +20,9 @@ The search has two stages (see docs/tune.md):
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
    valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
 
+Then the best ``confirm`` settings (default 3) are measured ``CONFIRM_PASSES`` more times, interleaved, and ranked
+over all their runs, so that one lucky pass does not decide the winner.
+
 Before them, on ONNX Runtime, a spin stage (``spin="auto"``, the default) picks the intra-op threads' spin policy
 (``SPIN_CANDIDATES``; docs/runtime.md, Threading): the artifact's current default tree with each policy, one runtime
 per policy opened in turn (a session's policy is fixed when it is made), the order reversed on every other repeat,
@@ -75,6 +78,10 @@ ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
 # The spin stage's candidates: the runtime's per-phase default, spin while every call runs, never spin. ("on", spinning
 # on after a call returns, makes the draft's and the target's threads compete with each other and with the host.)
 SPIN_CANDIDATES = ("target=run,draft=off", "run", "off")
+
+
+# Extra passes over the prompts for each of the best settings (``confirm``), after the grid and the refinement.
+CONFIRM_PASSES = 2
 
 
 class TuneError(EagleExportError):
@@ -176,11 +183,12 @@ class SettingRow:
     lossless: bool
     runs: int  # EAGLE/no-draft pairs measured
     lossy_prompts: list[str] = field(default_factory=list)
+    confirmed: bool = False  # measured again among the best (``confirm``); ranked ahead of the others
 
     def to_dict(self) -> dict:
         return {"tree": self.tree.to_dict(), "stage": self.stage, "tau": self.tau, "eagle_tok_s": self.eagle_tok_s,
                 "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
-                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts)}
+                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed}
 
     def label(self) -> str:
         t = self.tree
@@ -367,7 +375,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
          batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None,
-         spin: str | None = "auto") -> TuneReport:
+         spin: str | None = "auto", confirm: int = 3) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
@@ -375,7 +383,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     up to the artifact's --max-batch; None: no such stage); batch_candidates: tree sizes measured there, at most;
     batch_requests: requests per batched pass (default 2 N, at least the prompts); batch_repeats: pass pairs per
     candidate and N (default: repeats). spin: "auto" (measure ``SPIN_CANDIDATES`` first), one policy (used and
-    recorded), or None (the runtime's default, nothing recorded); ONNX Runtime only.
+    recorded), or None (the runtime's default, nothing recorded); ONNX Runtime only. confirm: how many of the best
+    settings are measured ``CONFIRM_PASSES`` more times before the ranking is final (0 or 1: none).
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
@@ -420,6 +429,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
             say("warm-up")
             s.warm_up(todo[0], max_new_tokens)
         rows: list[SettingRow] = []
+        by_tree: dict[TreeParams, list[PromptRow]] = {}
         parity = 0
 
         def run(stage: str, trees: list[TreeParams], start: int, total: int | None) -> None:
@@ -429,6 +439,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                 for _ in range(repeats):
                     measured += s.measure(t, max_new_tokens, parity=parity)
                     parity += len(s.specs)
+                by_tree[t] = measured
                 rows.append(_summarise(t, stage, measured))
                 r = rows[-1]
                 say(f"[{j}/{total or len(trees)}] {stage} {r.label()}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, "
@@ -442,13 +453,28 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                 if extra:
                     say(f"refining around {ok[0].label()}: {len(extra)} more settings")
                     run("refine", extra, 1, len(extra))
+        best = sorted((r for r in rows if r.lossless), key=_rank_key)[:confirm]
+        if len(best) > 1:
+            # A setting measured once can win by the machine's noise: the best few again, interleaved, the order
+            # reversed on the second pass, ranked over all their runs.
+            say(f"confirming the best {len(best)}: {CONFIRM_PASSES} more passes each, interleaved")
+            for rep in range(CONFIRM_PASSES):
+                for r in best if rep % 2 == 0 else best[::-1]:
+                    by_tree[r.tree] += s.measure(r.tree, max_new_tokens, parity=parity)
+                    parity += len(s.specs)
+            for r in best:
+                rows[rows.index(r)] = again = _summarise(r.tree, r.stage, by_tree[r.tree])
+                again.confirmed = True
+                say(f"confirmed {again.label()}: speedup {again.speedup:.2f}x over {again.runs} runs"
+                    + ("" if again.lossless else "  LOSSY"))
         device = _describe_device(s.rt)
         previous = s.manifest.tree_defaults
         n_prompts = len(s.specs)
         specs = s.specs
         eng = s.manifest.engines
         engines_max = int(eng.options["max_tree_tokens"]) if eng is not None else None
-    rows.sort(key=lambda r: (not r.lossless, *_rank_key(r)))
+    # Lossy last; the confirmed (best few, measured again) first: a setting measured once does not overtake them.
+    rows.sort(key=lambda r: (not r.lossless, not r.confirmed, *_rank_key(r)))
     report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
                         rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen)
     cands = ladder(rows, batch_candidates)
