@@ -242,8 +242,8 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 def _best_time(fn, reps: int, clock: str = "wall") -> float:
     """The fastest of ``reps`` timed calls after a warm-up: on a shared machine the other jobs only ever add time,
-    so the minimum is the closest to the call's own cost. clock "cpu": the process's CPU time (all its threads),
-    which another job's preemptions do not inflate."""
+    so the minimum is the closest to the call's own cost. clock "cpu": the process's CPU time (all its threads,
+    which do not spin then: ``child_open``), which another job's preemptions do not inflate."""
     tick = CLOCKS[clock]
     fn()  # warm-up
     times = []
@@ -262,7 +262,8 @@ def child_open(artifact: str, reps: int, clock: str = "wall") -> dict:
     from eagle_export.tools.commands.graph_bench import bind_target_call
 
     rss0, _ = _rss()
-    rt = EagleRuntime.open(artifact)
+    # CPU time counts a spinning thread's waiting: with --clock cpu the threads do not spin, so it counts work.
+    rt = EagleRuntime.open(artifact, spin="off" if clock == "cpu" else None)
     open_s = rt.open_s
     rss_open, hwm_open = _rss()
     m = rt.manifest
@@ -456,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                          "model too large to open here")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measured graph call (the fastest counts)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="per-call clock: wall, or cpu (the process's CPU time, all threads: what a loaded machine's "
-                         "preemptions do not inflate)")
+                    help="per-call clock: wall, or cpu (the process's CPU time, all threads, opened with spinning off: "
+                         "what a loaded machine's preemptions do not inflate)")
     ap.add_argument("--keep", action="store_true", help="keep checkpoints and artifacts (default: delete each)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
