@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 from .weights import ALIGN_LARGE, ALIGN_LARGE_FROM, ALIGN_SMALL
 
@@ -82,12 +82,8 @@ class Files:
 
     def array(self, t: TensorProto) -> np.ndarray:
         """An external float/int initializer's values (a copy of its own), read without a memory map."""
-        from onnx import helper
-
         ext = external(t)
         if ext is None:
-            from onnx import numpy_helper
-
             return numpy_helper.to_array(t)
         raw = self.read(ext["location"], int(ext.get("offset", 0)), int(ext["length"]))
         dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
