@@ -48,7 +48,7 @@ QDQ_OPSET = 21  # DequantizeLinear with block_size and int4/uint4 (opset 21)
 FORMS = ("nbits", "qdq")
 BITS = (4, 8)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
-CHUNK_ELEMENTS = 1 << 22  # weight elements quantized at a time (the float64 working copies are ~10x this in bytes)
+CHUNK_ELEMENTS = 1 << 18  # weight elements quantized at a time (a float64 band of 2 MiB: stays in the CPU's cache)
 FLOAT_TYPES = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
 
 
@@ -110,11 +110,16 @@ class QuantizedWeight:
 
         x is int8 holding signed codes (symmetric, stored as INT4/INT8) or uint8 holding unsigned ones (asymmetric,
         stored as UINT4/UINT8)."""
-        x = self.codes[:, : self.k].T
+        x = transpose(self.codes)[: self.k]
         if self.symmetric:
-            x = (x.astype(np.int16) - (1 << (self.bits - 1))).astype(np.int8)
-        zp = None if self.zero_points is None else np.ascontiguousarray(self.zero_points.T)
-        return np.ascontiguousarray(x), np.ascontiguousarray(self.scales.T), zp
+            x = signed_codes(x, self.bits)
+        zp = None if self.zero_points is None else transpose(self.zero_points)
+        return x, transpose(self.scales), zp
+
+
+def signed_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned symmetric codes (q + 2^(bits-1)) as the signed int8 values DequantizeLinear's INT4/INT8 hold."""
+    return (codes - np.uint8(1 << (bits - 1))).view(np.int8)  # uint8 arithmetic wraps: 5 - 8 -> 253, int8 -3
 
 
 def pack_along_last(values: np.ndarray, bits: int) -> np.ndarray:
@@ -123,6 +128,9 @@ def pack_along_last(values: np.ndarray, bits: int) -> np.ndarray:
     values = np.asarray(values, dtype=np.uint8)
     if bits == 8:
         return values.copy()
+    if values.shape[-1] % 2 == 0 and values.flags.c_contiguous and np.little_endian:
+        pairs = values.view(np.uint16)  # each pair in one 16-bit word, the first in its low byte: one pass, not four
+        return ((pairs & 0x000F) | ((pairs >> 4) & 0x00F0)).astype(np.uint8)
     if values.shape[-1] % 2:
         values = np.concatenate([values, np.zeros((*values.shape[:-1], 1), np.uint8)], axis=-1)
     return (values[..., 0::2] & 0x0F) | ((values[..., 1::2] & 0x0F) << 4)
@@ -139,49 +147,89 @@ def _scale_for(span: np.ndarray, steps: int, dtype: type) -> np.ndarray:
     return stored
 
 
+def transpose(a: np.ndarray, tile: int = 64) -> np.ndarray:
+    """``a.T`` made contiguous, a band of ``tile`` rows at a time: numpy's whole-array copy of a transposed uint8
+    matrix is about 6x slower (its cache misses), which made the transposes a large share of a quantizing export."""
+    rows, cols = a.shape
+    out = np.empty((cols, rows), a.dtype)
+    for i in range(0, rows, tile):
+        out[:, i:i + tile] = a[i:i + tile].T
+    return out
+
+
 def quantize_weight(w: np.ndarray, bits: int = 4, block_size: int = 32, symmetric: bool = True) -> QuantizedWeight:
     """Quantize ``W [K, N]`` (used as ``x @ W``) block-wise along K.
 
     The scales keep W's dtype (float32, or float16 for a float16 W, as MatMulNBits wants them in A's dtype); codes are
-    chosen against the stored scale, so ``dequantized`` is exactly what a kernel reconstructs. Columns are processed
-    in chunks of about CHUNK_ELEMENTS, so the float64 working copies stay small even for an lm_head."""
+    chosen against the stored scale, so ``dequantized`` is exactly what a kernel reconstructs. W is processed in
+    bands of whole blocks of rows (about CHUNK_ELEMENTS elements, at least one block), each in a float64 buffer that
+    is reused: every operation runs in place on contiguous rows, and the working memory stays small even for an
+    lm_head."""
     check_settings(bits, block_size)
     w = np.asarray(w)
     if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
         raise QuantizeError(f"weight must be a 2-D float32/float16 array, got {w.dtype} {list(w.shape)}")
+    codes, scales, zero_points = quantize_rows(w, bits, block_size, symmetric)
     k, n = w.shape
-    n_blocks = -(-k // block_size)
-    step = max(1, CHUNK_ELEMENTS // (n_blocks * block_size))
-    parts = [_quantize_columns(w[:, j:j + step], bits, block_size, symmetric) for j in range(0, n, step)]
-    codes = np.concatenate([p[0] for p in parts])
-    scales = np.concatenate([p[1] for p in parts])
-    zero_points = None if symmetric else np.concatenate([p[2] for p in parts])
-    return QuantizedWeight(bits, block_size, symmetric, k, n, codes, scales, zero_points)
+    return QuantizedWeight(bits, block_size, symmetric, k, n, transpose(codes), transpose(scales),
+                           None if zero_points is None else transpose(zero_points))
 
 
-def _quantize_columns(w: np.ndarray, bits: int, block_size: int, symmetric: bool):
-    """(codes [n, n_blocks * block_size], scales [n, n_blocks], zero points [n, n_blocks] or None) of W [K, n]."""
-    if not np.isfinite(w).all():
-        raise QuantizeError("weight has non-finite values (inf or nan): it cannot be quantized")
+def quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """W [K, N] -> (unsigned codes uint8 [n_blocks * block_size, N] (K padded with zero rows), scales [n_blocks, N]
+    in W's dtype, zero points uint8 [n_blocks, N] or None when symmetric): the layout DequantizeLinear takes, and
+    the transpose of MatMulNBits'. The arithmetic is float64 element by element, so any banding gives the same
+    numbers."""
     k, n = w.shape
     n_blocks = -(-k // block_size)
-    wt = np.zeros((n, n_blocks * block_size), np.float64)  # [n, K padded]: a column's blocks are contiguous
-    wt[:, :k] = w.T
-    blocks = wt.reshape(n, n_blocks, block_size)
+    band = max(1, CHUNK_ELEMENTS // max(1, block_size * n))  # blocks of rows per band
     dtype = w.dtype.type
-    if symmetric:
-        qmax = (1 << (bits - 1)) - 1
-        scales = _scale_for(np.abs(blocks).max(axis=2), qmax, dtype)
-        signed = np.clip(np.rint(blocks / scales.astype(np.float64)[..., None]), -qmax, qmax)
-        return (signed + (1 << (bits - 1))).astype(np.uint8).reshape(n, -1), scales, None
-    qmax = (1 << bits) - 1
-    lo = np.minimum(blocks.min(axis=2), 0.0)
-    hi = np.maximum(blocks.max(axis=2), 0.0)
-    scales = _scale_for(hi - lo, qmax, dtype)
-    s = scales.astype(np.float64)
-    zero_points = np.clip(np.rint(-lo / s), 0, qmax).astype(np.uint8)
-    codes = np.clip(np.rint(blocks / s[..., None]) + zero_points[..., None], 0, qmax).astype(np.uint8)
-    return codes.reshape(n, -1), scales, zero_points
+    codes = np.empty((n_blocks * block_size, n), np.uint8)
+    scales = np.empty((n_blocks, n), w.dtype)
+    zero_points = None if symmetric else np.empty((n_blocks, n), np.uint8)
+    buf = np.empty((min(band, n_blocks) * block_size, n), np.float64)
+    for b0 in range(0, n_blocks, band):
+        b1 = min(n_blocks, b0 + band)
+        r0, r1 = b0 * block_size, b1 * block_size
+        t = buf[:r1 - r0]
+        if r1 > k:  # the last band of a K that is not a multiple of block_size: padded with zero rows
+            t[:] = 0
+            t[:k - r0] = w[r0:k]
+        else:
+            t[:] = w[r0:r1]
+        blocks = t.reshape(b1 - b0, block_size, n)
+        if symmetric:
+            qmax = (1 << (bits - 1)) - 1
+            span = np.abs(blocks).max(axis=1)
+            _check_finite(span)
+            s = _scale_for(span, qmax, dtype)
+            np.divide(blocks, s.astype(np.float64)[:, None, :], out=blocks)
+            np.rint(blocks, out=blocks)
+            np.clip(blocks, -qmax, qmax, out=blocks)
+            blocks += 1 << (bits - 1)
+        else:
+            qmax = (1 << bits) - 1
+            lo = np.minimum(blocks.min(axis=1), 0.0)
+            hi = np.maximum(blocks.max(axis=1), 0.0)
+            _check_finite(hi - lo)
+            s = _scale_for(hi - lo, qmax, dtype)
+            s64 = s.astype(np.float64)
+            zp = np.clip(np.rint(-lo / s64), 0, qmax).astype(np.uint8)
+            zero_points[b0:b1] = zp
+            np.divide(blocks, s64[:, None, :], out=blocks)
+            np.rint(blocks, out=blocks)
+            blocks += zp[:, None, :]
+            np.clip(blocks, 0, qmax, out=blocks)
+        scales[b0:b1] = s
+        codes[r0:r1] = t
+    return codes, scales, zero_points
+
+
+def _check_finite(span: np.ndarray) -> None:
+    """A block's span is inf or nan exactly when one of its values is."""
+    if not np.isfinite(span).all():
+        raise QuantizeError("weight has non-finite values (inf or nan): it cannot be quantized")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,7 +290,9 @@ def _default_opset(model: onnx.ModelProto) -> int:
 def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32, symmetric: bool = True,
                      accuracy_level: int = 4, form: str = "nbits",
                      predicate: Callable[[MatMulSite], bool] | None = skip_lm_head,
-                     base_dir: str | Path | None = None) -> QuantizeReport:
+                     base_dir: str | Path | None = None,
+                     load: Callable[[TensorProto], np.ndarray] | None = None,
+                     store: Callable[[TensorProto], None] | None = None) -> QuantizeReport:
     """Replace, in place, every ``MatMul(x, W)`` of the main graph whose W is a 2-D fp32/fp16 initializer and that
     ``predicate`` accepts (None: all) by its quantized form; returns what was done.
 
@@ -259,6 +309,9 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     A weight shared by several MatMuls is quantized once; a weight other nodes also read keeps its float copy.
     base_dir: the folder of the .onnx file, for external-data initializers (their float data is read from there;
     the new tensors are stored inline, so the caller saves the model with external data when it is large).
+    load: reads a weight initializer's values instead (base_dir unused); store: called on each new initializer
+    before it joins the graph (e.g. moving its bytes to a data file), so no graph's quantized tensors are ever all
+    in memory at once (export/quantize_artifact.py streams them so).
     """
     check_settings(bits, block_size, accuracy_level, form)
     graph = model.graph
@@ -297,12 +350,17 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
             continue
         readers[w.name] -= 1
         if w.name not in done:
-            q = quantize_weight(_load_weight(w, base_dir), bits, block_size, symmetric)
-            tensors = _quantized_tensors(q, w.name, form)
-            graph.initializer.extend(tensors.values())
-            done[w.name] = {role: t.name for role, t in tensors.items()}
+            values = load(w) if load is not None else _load_weight(w, base_dir)
+            tensors = _quantized_tensors(values, bits, block_size, symmetric, w.name, form)
+            del values
             report.float_bytes += site.k * site.n * np.dtype(FLOAT_TYPES[w.data_type]).itemsize
             report.quantized_bytes += sum(len(t.raw_data) for t in tensors.values())
+            for t in tensors.values():
+                if store is not None:
+                    store(t)
+                graph.initializer.append(t)
+            done[w.name] = {role: t.name for role, t in tensors.items()}
+            del tensors
         report.quantized.append(site)
         new_nodes.extend(_replacement(node, site, done[w.name], bits, block_size, accuracy_level, form))
 
@@ -320,20 +378,35 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     return report
 
 
-def _quantized_tensors(q: QuantizedWeight, base: str, form: str) -> dict[str, TensorProto]:
-    """q's initializers by their input role, named after the float weight ``base``."""
+def _quantized_tensors(w: np.ndarray, bits: int, block_size: int, symmetric: bool, base: str,
+                       form: str) -> dict[str, TensorProto]:
+    """W's quantized initializers by their input role, named after the float weight ``base``: the numbers of
+    ``quantize_weight``, laid out for the form without a round trip through QuantizedWeight's [N, K] codes (qdq
+    takes quantize_rows' [K, N] layout as it is)."""
+    check_settings(bits, block_size)
+    if w.ndim != 2 or w.dtype not in (np.float32, np.float16):
+        raise QuantizeError(f"weight must be a 2-D float32/float16 array, got {w.dtype} {list(w.shape)}")
+    k, n = w.shape
+    codes, scales, zp = quantize_rows(w, bits, block_size, symmetric)
     out = {}
     if form == "nbits":
-        out["B"] = _to_tensor(f"{base}_Q{q.bits}", q.packed)
-        out["scales"] = _to_tensor(f"{base}_scales", q.scales)
-        if q.zero_points is not None:
-            out["zero_points"] = _to_tensor(f"{base}_zero_points", q.packed_zero_points)
+        n_blocks = scales.shape[0]
+        packed = pack_along_last(transpose(codes), bits).reshape(n, n_blocks, block_size * bits // 8)
+        del codes
+        out["B"] = _to_tensor(f"{base}_Q{bits}", packed)
+        del packed
+        out["scales"] = _to_tensor(f"{base}_scales", transpose(scales))
+        if zp is not None:
+            out["zero_points"] = _to_tensor(f"{base}_zero_points", pack_along_last(transpose(zp), bits))
         return out
-    x, scale, zp = q.qdq_arrays()
-    four = q.bits == 4
-    x_type = (TensorProto.INT4 if q.symmetric else TensorProto.UINT4) if four else None
-    out["x"] = _to_tensor(f"{base}_Q{q.bits}", x, x_type)
-    out["x_scale"] = _to_tensor(f"{base}_scale", scale)
+    x = codes[:k]
+    if symmetric:
+        x = signed_codes(x, bits)
+    four = bits == 4
+    x_type = (TensorProto.INT4 if symmetric else TensorProto.UINT4) if four else None
+    out["x"] = _to_tensor(f"{base}_Q{bits}", x, x_type)
+    del x, codes
+    out["x_scale"] = _to_tensor(f"{base}_scale", scales)
     if zp is not None:
         out["x_zero_point"] = _to_tensor(f"{base}_zero_point", zp, TensorProto.UINT4 if four else None)
     return out

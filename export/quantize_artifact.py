@@ -10,28 +10,30 @@ Runs on a finished (float) export directory before its manifest is written, and 
 - the fused target graph (ONNX Runtime only) in the ``nbits`` form (``MatMulNBits`` written directly), its packed
   QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart).
 
-The new tensors go to the graphs' data files (rewritten, the replaced float weights dropped), and the fused graph
-then shares what it holds byte for byte with the standard graph again (the embedding, norms, an unquantized lm_head).
-Memory: one graph's quantized weights plus one float weight at a time.
+Streamed: each weight is read (plain file reads, no memory maps: export/datafile.py), quantized and appended to
+its graph's new data file before the next one is read, so memory holds one float weight and its quantized form,
+never a graph's worth (the fused graph's packed QKV is concatenated one layer at a time, when it is quantized). The
+float tensors a graph keeps (the embedding, norms, an unquantized lm_head) still point where the float export put
+them, at their new offsets in the data files this pass rewrites: the fused graph keeps sharing the standard graph's,
+the draft tree graph the step and target graphs'. Every data file is replaced only when all graphs are written,
+because the later graphs read their float weights from the earlier graphs' old data files.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from eagle_export import contract as C
 from eagle_export.manifest import QuantizationInfo
 
+from .datafile import DataWriter, Files, external, set_external
 from .quantize import ACCURACY_LEVELS, BITS, MatMulSite, QuantizeError, check_settings, quantize_matmuls
-from .shared_data import share_weights
-from .weights import ALIGN_LARGE, ALIGN_LARGE_FROM, ALIGN_SMALL
 
 INLINE_MAX = 1024  # initializers up to this many bytes stay inside the .onnx file, as the exporter leaves them
 # Block 32, symmetric: what the peer's int4 builder uses, and what TensorRT-RTX builds. The accuracy level is
@@ -64,19 +66,15 @@ class QuantizeOptions:
         check_settings(self.bits, self.block_size, self.accuracy_level)  # the pass's own rules, the same
 
 
-def _external(t: TensorProto) -> dict[str, str] | None:
-    if t.data_location != TensorProto.EXTERNAL:
-        return None
-    return {e.key: e.value for e in t.external_data}
-
-
-def fold_weight_concats(model: onnx.ModelProto, base_dir: Path) -> int:
-    """Replace each ``Concat`` of 2-D float initializers (the fused graph's packed QKV) by one initializer holding
-    the result, so the packed MatMul's weight is an initializer the pass can quantize; drop the inputs no other
-    node reads. Returns the Concats folded."""
+def defer_weight_concats(model: onnx.ModelProto) -> dict[str, tuple[int, list[TensorProto]]]:
+    """Replace each ``Concat`` of 2-D float initializers (the fused graph's packed QKV) by an initializer standing
+    for its result, so the packed MatMul's weight is an initializer the pass can quantize; drop the inputs no other
+    node reads. The new initializer holds no data: returns, by its name, the Concat's axis and its parts, which
+    ``_Graph.load`` concatenates when the weight is quantized (one at a time)."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
-    folded, keep = 0, []
+    deferred: dict[str, tuple[int, list[TensorProto]]] = {}
+    keep = []
     for node in g.node:
         ws = [inits.get(x) for x in node.input]
         if (node.op_type != "Concat" or not ws or any(w is None or len(w.dims) != 2 for w in ws)
@@ -84,18 +82,26 @@ def fold_weight_concats(model: onnx.ModelProto, base_dir: Path) -> int:
             keep.append(node)
             continue
         axis = next(a.i for a in node.attribute if a.name == "axis")
-        packed = np.concatenate([numpy_helper.to_array(w, str(base_dir)) for w in ws], axis=axis)
-        t = numpy_helper.from_array(packed, node.output[0])
+        axis = axis % 2
+        dims = list(ws[0].dims)
+        dims[axis] = sum(int(w.dims[axis]) for w in ws)
+        deferred[node.output[0]] = (axis, [_copy(w) for w in ws])
+        t = TensorProto(name=node.output[0], data_type=ws[0].data_type, dims=dims)
         g.initializer.append(t)
         inits[t.name] = t
-        folded += 1
     del g.node[:]
     g.node.extend(keep)
     read = {x for n in g.node for x in n.input} | {o.name for o in g.output}
     kept = [t for t in g.initializer if t.name in read]
     del g.initializer[:]
     g.initializer.extend(kept)
-    return folded
+    return deferred
+
+
+def _copy(t: TensorProto) -> TensorProto:
+    out = TensorProto()
+    out.CopyFrom(t)
+    return out
 
 
 def inline_identity_weights(model: onnx.ModelProto) -> int:
@@ -120,51 +126,93 @@ def inline_identity_weights(model: onnx.ModelProto) -> int:
     return len(alias)
 
 
-def write_data(model: onnx.ModelProto, graph_path: Path) -> None:
-    """Save ``model`` as ``graph_path`` with every initializer over INLINE_MAX bytes in ``<graph>.onnx.data``
-    (rewritten: read from wherever it lies now, the file itself included, then renamed into place)."""
-    directory = graph_path.parent
-    data_name = graph_path.name + ".data"
-    tmp = directory / (data_name + ".tmp")
-    maps: dict[str, mmap.mmap] = {}
-    files = []
-    offset = 0
-    try:
-        with open(tmp, "wb") as out:
-            for t in model.graph.initializer:
-                ext = _external(t)
-                if ext is not None:
-                    loc = ext["location"]
-                    if loc not in maps:
-                        f = open(directory / loc, "rb")
-                        files.append(f)
-                        maps[loc] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                    off, n = int(ext.get("offset", 0)), int(ext["length"])
-                    data = maps[loc][off:off + n]
-                elif t.HasField("raw_data") and len(t.raw_data) > INLINE_MAX:
-                    data = t.raw_data
-                else:
-                    continue
-                n = len(data)
-                align = ALIGN_LARGE if n >= ALIGN_LARGE_FROM else ALIGN_SMALL
-                pad = -offset % align
-                out.write(b"\0" * pad)
-                offset += pad
-                out.write(data)
-                t.ClearField("raw_data")
-                t.data_location = TensorProto.EXTERNAL
-                del t.external_data[:]
-                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(n))):
-                    e = t.external_data.add()
-                    e.key, e.value = k, v
-                offset += n
-    finally:
-        for m in maps.values():
-            m.close()
-        for f in files:
-            f.close()
-    os.replace(tmp, directory / data_name)
-    onnx.save_model(model, str(graph_path))
+class _Graph:
+    """One graph of the directory being rewritten: its model (no data loaded), and its new data file, written as the
+    pass goes and renamed into place by ``publish``."""
+
+    def __init__(self, directory: Path, name: str):
+        self.path = directory / f"{name}.onnx"
+        self.model = onnx.load(str(self.path), load_external_data=False)
+        self.data_name = self.path.name + ".data"
+        self.tmp = directory / (self.data_name + ".tmp")
+        self.out = DataWriter(self.tmp)
+        self.written: set[str] = set()  # initializers already in the new file
+        self.moved: dict[int, int] = {}  # old offset -> new offset of what the old data file's tensors kept
+        self.deferred: dict[str, tuple[int, list[TensorProto]]] = {}
+
+    def load(self, files: Files, t: TensorProto) -> np.ndarray:
+        """A float weight's values from the data files as they were before this pass (a packed one concatenated)."""
+        if t.name in self.deferred:
+            axis, parts = self.deferred[t.name]
+            return np.concatenate([files.array(p) for p in parts], axis=axis)
+        return files.array(t)
+
+    def store(self, t: TensorProto) -> None:
+        """Move a new initializer's bytes to the new data file."""
+        self.out.store(t, self.data_name)
+        self.written.add(t.name)
+
+    def finish(self, files: Files, rewritten: dict[str, dict[int, int]]) -> None:
+        """Place what the graph keeps: its own data file's tensors copied into the new one; a tensor of a data file
+        an earlier graph rewrote, pointed at its new offset there (copied here when that graph dropped it);
+        everything else (inline ones over INLINE_MAX moved out) left where it is."""
+        copied: dict[tuple[str, int], int] = {}
+        for t in self.model.graph.initializer:
+            if t.name in self.written:
+                continue
+            if t.name in self.deferred:  # a packed weight left float: its bytes, made now
+                values = self.load(files, t)
+                t.raw_data = np.ascontiguousarray(values).tobytes()
+                del values
+                self.store(t)
+                continue
+            ext = external(t)
+            if ext is None:
+                if t.HasField("raw_data") and len(t.raw_data) > INLINE_MAX:
+                    self.store(t)
+                continue
+            loc, off, n = ext["location"], int(ext.get("offset", 0)), int(ext["length"])
+            if loc in rewritten and off in rewritten[loc]:
+                set_external(t, loc, rewritten[loc][off], n)
+            elif loc == self.data_name or loc in rewritten:
+                # Bytes several initializers share (stored once by the export) are copied once.
+                key = (loc, off)
+                if key not in copied:
+                    copied[key] = self.out.copy(files, loc, off, n)
+                    if loc == self.data_name:
+                        self.moved[off] = copied[key]
+                set_external(t, self.data_name, copied[key], n)
+        self.out.__exit__(None, None, None)
+
+    def publish(self) -> None:
+        """Rename the new data file into place (removed, with the old one, when the graph keeps nothing there) and
+        save the graph."""
+        old = self.tmp.with_name(self.data_name)
+        if self.out.offset:
+            os.replace(self.tmp, old)
+        else:
+            self.tmp.unlink()
+            if old.exists():
+                old.unlink()
+        onnx.save_model(self.model, str(self.path))
+
+
+def _repoint(path: Path, rewritten: dict[str, dict[int, int]]) -> None:
+    """Point ``path``'s initializers that lie in a rewritten data file at their new offsets (saved only if any)."""
+    model = onnx.load(str(path), load_external_data=False)
+    changed = False
+    for t in model.graph.initializer:
+        ext = external(t)
+        if ext is None or ext["location"] not in rewritten:
+            continue
+        off = int(ext.get("offset", 0))
+        moved = rewritten[ext["location"]]
+        if off not in moved:
+            raise QuantizeError(f"{path.name}: {t.name} reads a weight of {ext['location']} that quantization dropped")
+        set_external(t, ext["location"], moved[off], int(ext["length"]))
+        changed = True
+    if changed:
+        onnx.save_model(model, str(path))
 
 
 def _not_lm_head(site: MatMulSite) -> bool:
@@ -178,45 +226,44 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     predicate = None if options.draft else _not_lm_head
     forms: dict[str, str] = {}
     counts: dict[str, int] = {}
-    tree = C.DRAFT_TREE_GRAPH in graphs
-    if tree:  # it reads the step graph's and the target graph's data files: a copy of its own first
-        path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
-        model = onnx.load(str(path), load_external_data=False)
-        if options.draft:  # ONNX Runtime only: MatMulNBits written directly
-            inline_identity_weights(model)
-            report = quantize_matmuls(model, options.bits, options.block_size, options.symmetric,
-                                      accuracy_level=options.accuracy_level, form="nbits", predicate=predicate,
-                                      base_dir=directory)
-            forms[C.DRAFT_TREE_GRAPH], counts[C.DRAFT_TREE_GRAPH] = "nbits", len(report.quantized)
-        write_data(model, path)
-        del model
-    todo = [g for g in (C.TARGET_FUSED_GRAPH, C.TARGET_GRAPH) if g in graphs]
-    if options.draft:
-        todo.append(C.DRAFT_GRAPH)
-    for name in todo:  # the fused graph first: it still reads float weights from the standard graph's data file
-        path = directory / f"{name}.onnx"
-        model = onnx.load(str(path), load_external_data=False)
-        form = "nbits" if name == C.TARGET_FUSED_GRAPH else "qdq"
-        if form == "nbits":
-            fold_weight_concats(model, directory)
-        report = quantize_matmuls(model, options.bits, options.block_size, options.symmetric,
-                                  accuracy_level=options.accuracy_level, form=form, predicate=predicate,
-                                  base_dir=directory)
-        if not report.quantized:
-            raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
-        write_data(model, path)
-        del model
-        forms[name], counts[name] = form, len(report.quantized)
-    if C.TARGET_FUSED_GRAPH in forms:
-        share_weights(directory / f"{C.TARGET_FUSED_GRAPH}.onnx", directory / f"{C.TARGET_GRAPH}.onnx")
-    if tree:  # stored once again: what it holds byte for byte like the step graph or the target graph
-        path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
-        share_weights(path, directory / f"{C.DRAFT_GRAPH}.onnx")
-        if (directory / f"{path.name}.data").exists():
-            share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
-        onnx.checker.check_model(str(path))
+    # Standard graphs first: the fused target graph and the draft tree graph point at what they keep of those.
+    todo = [g for g in (C.TARGET_GRAPH,) if g in graphs] + ([C.DRAFT_GRAPH] if options.draft else [])
+    todo += [g for g in (C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH) if g in graphs]
+    rewritten: dict[str, dict[int, int]] = {}  # data file -> old offset -> new offset, of the files rewritten so far
+    done: list[_Graph] = []
+    with Files(directory) as files:  # the data files as the float export left them, until every graph is written
+        try:
+            for name in todo:
+                g = _Graph(directory, name)
+                done.append(g)
+                form = "qdq" if name in C.ENGINE_GRAPHS else "nbits"
+                quantize = name != C.DRAFT_TREE_GRAPH or options.draft
+                if quantize:
+                    if name == C.TARGET_FUSED_GRAPH:
+                        g.deferred = defer_weight_concats(g.model)
+                    if name == C.DRAFT_TREE_GRAPH:
+                        inline_identity_weights(g.model)
+                    report = quantize_matmuls(g.model, options.bits, options.block_size, options.symmetric,
+                                              accuracy_level=options.accuracy_level, form=form, predicate=predicate,
+                                              load=lambda t, g=g: g.load(files, t), store=g.store)
+                    if not report.quantized and name != C.DRAFT_TREE_GRAPH:
+                        raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
+                    forms[name], counts[name] = form, len(report.quantized)
+                g.finish(files, rewritten)
+                rewritten[g.data_name] = g.moved
+        except BaseException:
+            for g in done:
+                g.out.__exit__(None, None, None)
+                g.tmp.unlink(missing_ok=True)
+            raise
+    for g in done:
+        g.publish()
+    for name in set(graphs) - set(todo):  # a graph this pass left as it is, pointed at the rewritten files
+        _repoint(directory / f"{name}.onnx", rewritten)
     for name in forms:
         onnx.checker.check_model(str(directory / f"{name}.onnx"))
+    if C.DRAFT_TREE_GRAPH in graphs:
+        onnx.checker.check_model(str(directory / f"{C.DRAFT_TREE_GRAPH}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
                             lm_head=options.draft, graphs=forms, matmuls=counts)

@@ -10,83 +10,54 @@ it holds whichever path wrote the graphs (torch.onnx's constant folding or the l
 from __future__ import annotations
 
 import hashlib
-import mmap
 from pathlib import Path
 
 import onnx
 
-from .weights import ALIGN_LARGE, ALIGN_LARGE_FROM, ALIGN_SMALL
+from .datafile import DataWriter, Files, external, set_external
 
 
-def _external(init: onnx.TensorProto) -> dict[str, str] | None:
-    if init.data_location != onnx.TensorProto.EXTERNAL:
-        return None
-    return {e.key: e.value for e in init.external_data}
+def _digest(files: Files, location: str, offset: int, length: int) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for chunk in files.chunks(location, offset, length):
+        h.update(chunk)
+    return h.digest()
 
 
-def _set_external(init: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    del init.external_data[:]
-    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        e = init.external_data.add()
-        e.key, e.value = k, v
-
-
-def _index(graph: onnx.ModelProto, directory: Path) -> dict[tuple[int, bytes], tuple[str, int]]:
+def _index(graph: onnx.ModelProto, files: Files) -> dict[tuple[int, bytes], tuple[str, int]]:
     """(length, digest) -> (file, offset) of every external initializer of ``graph``."""
     out: dict[tuple[int, bytes], tuple[str, int]] = {}
-    maps: dict[str, mmap.mmap] = {}
-    try:
-        for init in graph.graph.initializer:
-            ext = _external(init)
-            if ext is None or int(ext.get("length", 0)) == 0:
-                continue
-            loc, off, n = ext["location"], int(ext.get("offset", 0)), int(ext["length"])
-            if loc not in maps:
-                with open(directory / loc, "rb") as f:
-                    maps[loc] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            out.setdefault((n, hashlib.blake2b(maps[loc][off:off + n], digest_size=16).digest()), (loc, off))
-    finally:
-        for m in maps.values():
-            m.close()
+    for init in graph.graph.initializer:
+        ext = external(init)
+        if ext is None or int(ext.get("length", 0)) == 0:
+            continue
+        loc, off, n = ext["location"], int(ext.get("offset", 0)), int(ext["length"])
+        out.setdefault((n, _digest(files, loc, off, n)), (loc, off))
     return out
 
 
 def share_weights(graph_path: Path, other_graph: Path) -> int:
     """Point every external initializer of ``graph_path`` whose bytes equal one of ``other_graph``'s at that one;
     rewrite ``graph_path``'s own data file with the rest. Both graphs lie in the same directory. Returns the bytes
-    the graph's own data file keeps."""
+    the graph's own data file keeps. Files are read a chunk at a time (export/datafile.py: no memory maps)."""
     directory = graph_path.parent
     model = onnx.load(str(graph_path), load_external_data=False)
-    known = _index(onnx.load(str(other_graph), load_external_data=False), directory)
     own = graph_path.name + ".data"
     src_path = directory / own
     tmp = directory / (own + ".tmp")
-    offset = 0
-    with open(src_path, "rb") as fsrc, open(tmp, "wb") as fdst:
-        src = mmap.mmap(fsrc.fileno(), 0, access=mmap.ACCESS_READ) if src_path.stat().st_size else None
-        try:
-            for init in model.graph.initializer:
-                ext = _external(init)
-                if ext is None:
-                    continue
-                if ext["location"] != own:
-                    continue  # already elsewhere
-                off, n = int(ext.get("offset", 0)), int(ext["length"])
-                data = src[off:off + n] if n else b""
-                hit = known.get((n, hashlib.blake2b(data, digest_size=16).digest())) if n else None
-                if hit is not None:
-                    _set_external(init, hit[0], hit[1], n)
-                    continue
-                align = ALIGN_LARGE if n >= ALIGN_LARGE_FROM else ALIGN_SMALL
-                pad = -offset % align
-                fdst.write(b"\0" * pad)
-                offset += pad
-                fdst.write(data)
-                _set_external(init, own, offset, n)
-                offset += n
-        finally:
-            if src is not None:
-                src.close()
+    with Files(directory) as files, DataWriter(tmp) as out:
+        known = _index(onnx.load(str(other_graph), load_external_data=False), files)
+        for init in model.graph.initializer:
+            ext = external(init)
+            if ext is None or ext["location"] != own:
+                continue  # inline, or already elsewhere
+            off, n = int(ext.get("offset", 0)), int(ext["length"])
+            hit = known.get((n, _digest(files, own, off, n))) if n else None
+            if hit is not None:
+                set_external(init, hit[0], hit[1], n)
+                continue
+            set_external(init, own, out.copy(files, own, off, n), n)
+        offset = out.offset
     if offset:
         tmp.replace(src_path)
     else:  # everything is shared: no data file of its own

@@ -8,7 +8,9 @@ import pytest
 import safetensors
 import torch
 
+from eagle_export import contract as C
 from eagle_export.export.exporter import ExportOptions, export_with_report
+from eagle_export.export.quantize_artifact import QuantizeOptions
 from eagle_export.manifest import load_manifest
 from eagle_export.tools import export_scale as S
 
@@ -26,33 +28,43 @@ def test_write_safetensors_reads_back_with_the_library(tmp_path):
             assert torch.equal(f.get_tensor(k), v), k
 
 
+# head_dim 16: the fused target graph's smallest (GroupQueryAttention takes multiples of 16), so the artifact has
+# both target graphs, as the real shapes' artifacts do.
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=7, num_attention_heads=2, num_key_value_heads=1,
-            head_dim=8, tie_word_embeddings=False, rope=S.LLAMA3_ROPE)
+            head_dim=16, tie_word_embeddings=False, rope=S.LLAMA3_ROPE)
 
 
-def test_published_layout_checkpoints_export_lean(tmp_path, monkeypatch):
+@pytest.mark.parametrize("quantize", [None, "int4"])
+def test_published_layout_checkpoints_export_lean(tmp_path, monkeypatch, quantize):
     """A sharded random target (index + shards, as save_pretrained writes them) and an EAGLE-3 head in the
-    published layout load, fit each other and go through the lean export."""
+    published layout load, fit each other and go through the lean export (float, and --quantize int4); the
+    open-and-time step times the target graph the runtime opened (the fused one)."""
     monkeypatch.setattr(S, "SHARD_BYTES", 3 << 20)
+    monkeypatch.setattr(S, "CONTEXT", 40)  # the cache rows timed calls see; max_seq_len 64 holds 40 + 32
     target, head = tmp_path / "target", tmp_path / "eagle3"
     total = S.write_target(target, TINY)
     S.write_eagle3_head(head, TINY)
     index = json.loads((target / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == total
     assert len(set(index["weight_map"].values())) >= 2
+    quant = None if quantize is None else QuantizeOptions(bits=4)
     rep = export_with_report(target, head, tmp_path / "art",
-                             ExportOptions(dtype="fp16", max_seq_len=64, lean_threshold_bytes=0), progress=False)
+                             ExportOptions(dtype="fp16", max_seq_len=64, lean_threshold_bytes=0, quantize=quant),
+                             progress=False)
     assert rep.lean and rep.weights_bytes > total  # target + head
     m = load_manifest(rep.path)
     assert (m.variant, m.draft.vocab_size, m.target.vocab_size) == ("eagle3", S.DRAFT_VOCAB, S.VOCAB)
+    assert C.TARGET_FUSED_GRAPH in m.graphs
+    opened = S.child_open(str(rep.path), reps=1, clock="cpu")
+    assert opened["target_graph"] == C.TARGET_FUSED_GRAPH  # what the runtime opened (it has no standard session)
+    assert set(opened["costs"]) == {"step", "verify_tree", "draft", *(f"verify{n}" for n in S.VERIFY_SIZES)}
+    assert opened["open_s"] > 0 and opened["open_rss"] > 0
+    if quantize is not None:
+        return
     # Nothing is stored twice: the draft reads the target's embedding from the target's data file (a copy would be
     # S.VOCAB x 16 x 2 = 4 MiB more); what is left is the graph files' structure and the manifest.
     assert rep.weights_bytes <= rep.artifact_bytes < rep.weights_bytes + (1 << 20)
     assert m.draft_embedding.shared and m.draft_embedding.file == "target_verify.onnx.data"
-    # The open-and-time step runs on it (figures printed by the tool, not asserted here).
-    opened = S.child_open(str(rep.path), reps=1)
-    assert set(opened["costs"]) == {"step", "verify_tree", "draft", *(f"verify{n}" for n in S.VERIFY_SIZES)}
-    assert opened["open_s"] > 0 and opened["open_rss"] > 0
 
 
 @pytest.mark.parametrize("key", sorted(S.SHAPES))

@@ -198,3 +198,58 @@ def test_validate_fails_a_wrong_scale(int4, tmp_path):
     assert not report.passed
     assert not report.graphs[C.TARGET_GRAPH].passed and not report.graphs[C.TARGET_FUSED_GRAPH].passed
     assert report.graphs[C.DRAFT_GRAPH].passed
+
+
+def _fold_concats_in_memory(model: onnx.ModelProto) -> None:
+    """The fused graph's packed QKV as one float initializer, made whole in memory (what the pass streams)."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    keep = []
+    for n in g.node:
+        if n.op_type == "Concat" and all(x in inits and len(inits[x].dims) == 2 for x in n.input):
+            axis = next(a.i for a in n.attribute if a.name == "axis")
+            parts = [numpy_helper.to_array(inits[x]) for x in n.input]
+            g.initializer.append(numpy_helper.from_array(np.concatenate(parts, axis=axis), n.output[0]))
+        else:
+            keep.append(n)
+    del g.node[:]
+    g.node.extend(keep)
+    read = {x for n in g.node for x in n.input}
+    kept = [t for t in g.initializer if t.name in read]  # the parts no other node reads go
+    del g.initializer[:]
+    g.initializer.extend(kept)
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["with-draft", "target-only"])
+def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
+    """`export --quantize` streams each weight to its graph's new data file and re-points the float tensors a graph
+    keeps at their new offsets (export/quantize_artifact.py). Every graph it leaves holds the same nodes and, tensor
+    by tensor, the same bytes as the graph pass run in memory on the float graph (quantize_matmuls, the packed QKV
+    concatenated whole); the graphs it does not quantize read the same float bytes as before."""
+    import shutil
+
+    from eagle_export.export.quantize import quantize_matmuls, skip_lm_head
+    from eagle_export.export.quantize_artifact import inline_identity_weights, quantize_artifact_graphs
+
+    float_art = models(**SMALL)[2]
+    work = tmp_path / "art"
+    shutil.copytree(float_art, work)
+    graphs = [g for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH)
+              if (work / f"{g}.onnx").is_file()]
+    assert C.TARGET_FUSED_GRAPH in graphs and C.DRAFT_TREE_GRAPH in graphs
+    quantize_artifact_graphs(work, QuantizeOptions(bits=4, draft=draft), graphs)
+    for g in graphs:
+        ref = onnx.load(str(float_art / f"{g}.onnx"))  # with its data
+        if draft or g not in (C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH):
+            if g == C.TARGET_FUSED_GRAPH:
+                _fold_concats_in_memory(ref)
+            if g == C.DRAFT_TREE_GRAPH:
+                inline_identity_weights(ref)
+            quantize_matmuls(ref, 4, 32, True, accuracy_level=4, form="qdq" if g in C.ENGINE_GRAPHS else "nbits",
+                             predicate=None if draft else skip_lm_head)
+        got = onnx.load(str(work / f"{g}.onnx"))
+        assert [n.SerializeToString() for n in got.graph.node] == [n.SerializeToString() for n in ref.graph.node], g
+        tensors = {t.name: (t.data_type, list(t.dims), t.raw_data) for t in got.graph.initializer}
+        assert tensors == {t.name: (t.data_type, list(t.dims), t.raw_data) for t in ref.graph.initializer}, g

@@ -7,8 +7,10 @@ it writes a random-weight checkpoint laid out as the published ones are (fp16 sa
 above 5 GB; the head as one model.safetensors with midlayer.*, fc, norm, lm_head, d2t, t2d), writing tensor by
 tensor so the whole model is never in memory. Then, each in a child process of its own so peak memory is the
 step's alone: `export --dtype fp16`, and `EagleRuntime.open` followed by per-call timings on ONNX Runtime CPU:
-a one-token target step, verifies of 4/8/16/32 tokens, a draft step (one tree level), each the fastest of
---reps calls, and the host work of a round from a short EAGLE generation. It prints a table and the bound
+a one-token target step, verifies of 4/8/16/32 tokens (on the target graph the runtime opened: the fused one when
+the artifact has one, bound as the runtime binds it), a draft step (one tree level), each the fastest of --reps
+calls (--clock cpu: process CPU time), and the host work of a round from a short EAGLE generation. It prints a
+table and the bound
 
     speedup <= tau x t_step / (t_verify(total_tokens + 1) + depth x t_draft + host)
 
@@ -235,47 +237,50 @@ def child_export(target: str, draft: str, out: str, dtype: str, feature_layers: 
             "artifact": r.artifact_bytes, "lean": r.lean}
 
 
-def _best_time(fn, reps: int) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _best_time(fn, reps: int, clock: str = "wall") -> float:
     """The fastest of ``reps`` timed calls after a warm-up: on a shared machine the other jobs only ever add time,
-    so the minimum is the closest to the call's own cost."""
+    so the minimum is the closest to the call's own cost. clock "cpu": the process's CPU time (all its threads,
+    which do not spin then: ``child_open``), which another job's preemptions do not inflate."""
+    tick = CLOCKS[clock]
     fn()  # warm-up
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = tick()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(tick() - t0)
     return min(times)
 
 
-def child_open(artifact: str, reps: int) -> dict:
+def child_open(artifact: str, reps: int, clock: str = "wall") -> dict:
     import numpy as np
 
     from eagle_export import contract as C
     from eagle_export.runtime import EagleRuntime
+    from eagle_export.tools.commands.graph_bench import bind_target_call
 
     rss0, _ = _rss()
-    rt = EagleRuntime.open(artifact)
+    # CPU time counts a spinning thread's waiting: with --clock cpu the threads do not spin, so it counts work.
+    rt = EagleRuntime.open(artifact, spin="off" if clock == "cpu" else None)
     open_s = rt.open_s
     rss_open, hwm_open = _rss()
     m = rt.manifest
     np_dtype = np.dtype(m.dtype)
     sessions = {name: g.session for name, g in rt.backend.graphs.items()}
-    t, d = m.target, m.draft
+    # The target graph the runtime opened: the fused one when the artifact has it (ONNX Runtime), else the standard
+    # one; bound as the runtime binds it (the fused graph's cache is one capacity-long buffer written in place).
+    target_graph = C.graph_for("ort", "target", sessions)
+    d = m.draft
 
-    def target_feed(n: int) -> dict:
-        feed = {C.INPUT_IDS: np.zeros((1, n), np.int64),
-                C.POSITION_IDS: np.arange(CONTEXT, CONTEXT + n, dtype=np.int64)[None],
-                C.ATTENTION_MASK: np.ones((1, n, CONTEXT + n), bool),
-                C.LOGIT_INDICES: np.arange(n, dtype=np.int64)[None]}
-        for name in C.past_names(t.num_layers):
-            feed[name] = np.zeros((1, CONTEXT, t.kv_heads, t.head_dim), np_dtype)
-        return feed
+    def target_call(n: int):
+        return bind_target_call(sessions[target_graph], m, target_graph, CONTEXT, n)
 
     costs = {}
-    costs["step"] = _best_time(lambda: sessions[C.TARGET_GRAPH].run(None, target_feed(1)), reps)
-    feeds = {n: target_feed(n) for n in VERIFY_SIZES}
+    costs["step"] = _best_time(target_call(1), reps, clock)
     for n in VERIFY_SIZES:
-        costs[f"verify{n}"] = _best_time(lambda n=n: sessions[C.TARGET_GRAPH].run(None, feeds[n]), reps)
+        costs[f"verify{n}"] = _best_time(target_call(n), reps, clock)
     tree = m.tree_defaults
     rows = tree.top_k
     dfeed = {C.INPUT_EMBEDS: np.zeros((1, rows, d.hidden_size), np_dtype),
@@ -285,13 +290,13 @@ def child_open(artifact: str, reps: int) -> dict:
              C.ATTENTION_MASK: np.ones((1, rows, CONTEXT + rows), bool)}
     for name in C.past_names(1):
         dfeed[name] = np.zeros((1, CONTEXT, d.kv_heads, d.head_dim), np_dtype)
-    costs["draft"] = _best_time(lambda: sessions[C.DRAFT_GRAPH].run(None, dfeed), reps)
-    vfeed = target_feed(tree.verify_tokens)
-    costs["verify_tree"] = _best_time(lambda: sessions[C.TARGET_GRAPH].run(None, vfeed), reps)
+    costs["draft"] = _best_time(lambda: sessions[C.DRAFT_GRAPH].run(None, dfeed), reps, clock)
+    costs["verify_tree"] = _best_time(target_call(tree.verify_tokens), reps, clock)
     host = _host_per_round(rt)
     _, hwm = _rss()
     return {"open_s": open_s, "open_rss": rss_open - rss0, "open_rss_total": rss_open, "open_hwm": hwm_open,
-            "run_hwm": hwm, "costs": costs, "host_s": host, "tree": asdict(tree)}
+            "run_hwm": hwm, "target_graph": target_graph, "clock": clock, "costs": costs, "host_s": host,
+            "tree": asdict(tree)}
 
 
 def _host_per_round(rt) -> float:
@@ -305,6 +310,35 @@ def _host_per_round(rt) -> float:
         for _ in range(2):
             run = _generate(rt, proxy, ids, 8, rt.manifest.tree_defaults, True)
     return (run.decode_s - run.draft_s - run.target_s) / max(run.rounds, 1)
+
+
+def open_estimate(artifact: Path) -> int:
+    """Bytes of weights ONNX Runtime CPU holds once the runtime has opened ``artifact``: every initializer of the
+    graphs it opens (the fused target graph when there is one, not the standard graph's quantized copy), each stored
+    tensor counted once, float16 ones twice (its CPU provider has no fp16 MatMul and holds them as float32)."""
+    import onnx
+
+    from eagle_export import contract as C
+    from eagle_export.manifest import load_manifest
+
+    m = load_manifest(artifact)
+    opened = {C.graph_for("ort", "target", m.graphs), C.DRAFT_GRAPH} | ({C.DRAFT_TREE_GRAPH} & set(m.graphs))
+    seen: set[tuple[str, str]] = set()
+    total = 0
+    for name in opened:
+        g = onnx.load(str(artifact / m.graphs[name].file), load_external_data=False)
+        for t in g.graph.initializer:
+            ext = {e.key: e.value for e in t.external_data}
+            if "location" in ext:
+                key = (ext["location"], ext.get("offset", "0"))
+                if key in seen:
+                    continue
+                seen.add(key)
+                n = int(ext["length"])
+            else:
+                n = len(t.raw_data)
+            total += n * (2 if t.data_type == onnx.TensorProto.FLOAT16 else 1)
+    return total
 
 
 def _mem_available() -> int:
@@ -376,7 +410,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 def run_model(key: str, work: Path, reps: int, keep: bool, dtype: str = "fp16", open_it: bool = True,
-              layers: int | None = None, log=print, quantize: str | None = None) -> Row:
+              layers: int | None = None, log=print, quantize: str | None = None, clock: str = "wall") -> Row:
     shape = dict(SHAPES[key])
     feature_layers = None
     if layers is not None:  # a cut-down copy: the real widths, fewer decoder layers (per-layer costs)
@@ -397,15 +431,13 @@ def run_model(key: str, work: Path, reps: int, keep: bool, dtype: str = "fp16", 
     log(f"[{key}] export {exp['wall_s']:.0f} s, peak {_gb(exp['peak_rss'])} GiB; opening and timing")
     opened = None
     if open_it:
-        # ONNX Runtime's CPU provider has no fp16 MatMul: it holds fp16 weights as float32, twice their size.
-        # Quantized: at most the artifact's bytes, the float ones (embedding, lm_head) doubled.
-        need = (exp["artifact"] if quantize else exp["weights"]) * (2 if dtype == "fp16" else 1) * 1.1
+        need = open_estimate(art) * 1.1
         avail = _mem_available()
         if need > avail:
-            log(f"[{key}] not opening: ONNX Runtime CPU would hold ~{_gb(need)} GiB of float32 weights, "
+            log(f"[{key}] not opening: ONNX Runtime CPU would hold ~{_gb(need)} GiB of weights, "
                 f"{_gb(avail)} GiB available")
         else:
-            opened = _child(["open", str(art), str(reps)])
+            opened = _child(["open", str(art), str(reps), clock])
     row = Row(name, params, exp["weights"], write_s, exp, opened)
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
@@ -424,13 +456,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="cut each model down to this many decoder layers (real widths): per-layer costs of a "
                          "model too large to open here")
     ap.add_argument("--reps", type=int, default=5, help="timed calls per measured graph call (the fastest counts)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="per-call clock: wall, or cpu (the process's CPU time, all threads, opened with spinning off: "
+                         "what a loaded machine's preemptions do not inflate)")
     ap.add_argument("--keep", action="store_true", help="keep checkpoints and artifacts (default: delete each)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child is not None:
         args = json.loads(a.child)
-        res = child_export(*args[1:]) if args[0] == "export" else child_open(args[1], int(args[2]))
+        res = child_export(*args[1:]) if args[0] == "export" else child_open(args[1], int(args[2]), *args[3:])
         print(json.dumps(res))
         return 0
     keys = [k.strip() for k in a.models.split(",") if k.strip()]
@@ -440,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     for key in keys:
-        rows.append(run_model(key, a.work, a.reps, a.keep, a.dtype, not a.no_open, a.layers, quantize=a.quantize))
+        rows.append(run_model(key, a.work, a.reps, a.keep, a.dtype, not a.no_open, a.layers, quantize=a.quantize,
+                              clock=a.clock))
         print(format_table(rows[-1:]), flush=True)
     tree = TreeParams()
     print(f"\ndefault tree top_k {tree.top_k}, depth {tree.depth}, total_tokens {tree.total_tokens} "

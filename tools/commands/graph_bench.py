@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from eagle_export import contract as C
 from eagle_export.dtypes import DTYPES
-from eagle_export.manifest import load_manifest
+from eagle_export.manifest import Manifest, load_manifest
 from eagle_export.runtime.ort_backend import quantized_session_config
 
 
@@ -40,9 +40,17 @@ def target_call(directory: Path, graph: str, threads: int, spin: bool, past: int
                 clock=time.perf_counter):
     """A callable running one target call of ``new`` tokens over ``past`` cached rows (bound once)."""
     m = load_manifest(directory)
+    s = session(directory / m.graphs[graph].file, threads, spin, quantized_session_config(m))
+    return bind_target_call(s, m, graph, past, new, clock)
+
+
+def bind_target_call(s: ort.InferenceSession, m: Manifest, graph: str, past: int, new: int,
+                     clock=time.perf_counter):
+    """``target_call`` on a session already open (the runtime's own, say): the standard graph gets ``past`` cached
+    rows and its own present outputs; the fused graph one capacity-long buffer per cache, bound as both its past and
+    its present (written in place), as the runtime binds it."""
     entry, t = m.graphs[graph], m.target
     dt = DTYPES[m.dtype].numpy
-    s = session(directory / entry.file, threads, spin, quantized_session_config(m))
     b = s.io_binding()
     keep = []
 
