@@ -366,3 +366,41 @@ def test_bench_peer_ort_genai_on_the_bigram(bigram, tmp_path):
     peer = stopped["aggregate"]["peer"]
     assert peer["build_s"] is None and peer["eos_token_ids"] == [EOS] and peer["equal"] is True
     assert [r["peer_new_tokens"] for r in stopped["prompts"]] == [r["new_tokens"] for r in stopped["prompts"]] == [4, 8]
+
+
+def test_runs_interleaved_with_a_peer_are_spaced_by_the_settle_pause(gqa):
+    """With a peer, every run (ours and the peer's) is followed by an untimed pause of SETTLE_S before the next
+    starts, so a thread the last run left spinning does not take a core from the next one's timing. The peer here
+    is a stand-in with the contract bench relies on: generate(ids, max_new) -> PeerRun with exactly max_new
+    tokens."""
+    import time
+
+    from eagle_export.tools.commands import bench as B
+    from eagle_export.tree_params import TreeParams
+
+    spans: list[tuple[float, float]] = []
+
+    class Peer:
+        name, eos = "stand-in", [47]
+
+        def generate(self, ids, max_new):
+            t0 = time.perf_counter()
+            spans.append((t0, time.perf_counter()))
+            return PeerRun([5] * max_new, 1e-3)
+
+    with B.PairedSession(gqa, prompts=None, threads=1) as s:
+        real = s.run
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                spans.append((t0, time.perf_counter()))
+
+        s.run = timed
+        tree = TreeParams(top_k=2, depth=2, total_tokens=4)
+        s.measure(tree, 4, peer=Peer())
+        assert len(spans) == 3 * len(s.specs)
+        gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
+        assert min(gaps) >= B.SETTLE_S

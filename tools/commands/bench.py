@@ -464,6 +464,8 @@ class PairedSession:
                     else:
                         done[mode] = self.run(i, max_new_tokens, tree, mode == "eagle", stop_on_eos)
                     runs[i][mode].append(done[mode])
+                    if peer is not None:  # untimed: let the last run's spinning threads stop before the next starts
+                        time.sleep(SETTLE_S)
                 if log is not None:
                     e, n = done["eagle"], done["no_draft"]
                     more = f", {peer.name} {done['peer'].tok_s:.1f} tok/s" if peer is not None else ""
@@ -471,6 +473,13 @@ class PairedSession:
                     log(f"prompt {i + 1}/{len(self.specs)}{rep}: tau {tau(e.accept_lengths):.2f}, EAGLE "
                         f"{e.tok_s:.1f} tok/s, no-draft {n.tok_s:.1f} tok/s{more}")
         return [_row(spec, ids, rr) for spec, ids, rr in zip(self.specs, self.prompt_ids, runs, strict=True)]
+
+
+# With a peer, a pause after every run, outside the timings. ONNX Runtime's threads spin on after a call under the
+# peer's own policy (onnxruntime-genai leaves spinning on), and took a core from whatever ran next: measured on the
+# int4 fixture, our EAGLE runs that followed went from 1326-1392 tok/s with this pause to 1044-1065 without it, the
+# peer and our no-draft runs unchanged (docs/bench.md, "The peer").
+SETTLE_S = 0.05
 
 
 def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):
