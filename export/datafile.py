@@ -14,8 +14,12 @@ from typing import BinaryIO
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from .weights import ALIGN_LARGE, ALIGN_LARGE_FROM, ALIGN_SMALL
-
+# How the exporter aligns each tensor in a data file (the lean export, the quantizing pass, share_weights alike):
+# large tensors start at a multiple of ALIGN_LARGE, so ONNX Runtime can map them straight from the file (it maps
+# external data whose offset is aligned to the allocation granularity) instead of reading a copy.
+ALIGN_LARGE = 64 * 1024
+ALIGN_LARGE_FROM = 1 << 20  # bytes; smaller tensors are aligned to ALIGN_SMALL only (tiny graphs stay tiny)
+ALIGN_SMALL = 64
 CHUNK_BYTES = 16 << 20  # bytes read at a time when copying or hashing a stored tensor
 
 

@@ -22,11 +22,7 @@ import torch
 
 from eagle_export.errors import CheckpointError
 
-# Large tensors start at a multiple of this in the data file, so ONNX Runtime can map them straight from the file
-# (it maps external data whose offset is aligned to the allocation granularity) instead of reading a copy.
-ALIGN_LARGE = 64 * 1024
-ALIGN_LARGE_FROM = 1 << 20  # bytes; smaller tensors are aligned to ALIGN_SMALL only (tiny graphs stay tiny)
-ALIGN_SMALL = 64
+from .datafile import DataWriter, set_external
 
 ONNX_TYPES = {
     torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
@@ -302,8 +298,7 @@ def externalize(model: onnx.ModelProto, sources: dict[str, Source], data_path: P
     kept = [i for i in graph.input if i.name not in weights]
     del graph.input[:]
     graph.input.extend(kept)
-    offset = 0
-    with open(data_path, "wb") as f:
+    with DataWriter(data_path) as out:
         for plan in plans:
             t = plan.source.load()
             if tuple(t.shape) != tuple(plan.source.shape):
@@ -313,21 +308,10 @@ def externalize(model: onnx.ModelProto, sources: dict[str, Source], data_path: P
                 t = t.t()
             t = t.contiguous()
             size = t.numel() * t.element_size()
-            align = ALIGN_LARGE if size >= ALIGN_LARGE_FROM else ALIGN_SMALL
-            pad = -offset % align
-            if pad:
-                f.write(b"\0" * pad)
-                offset += pad
-            if size:
-                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
             init = onnx.TensorProto(name=plan.name, data_type=ONNX_TYPES[t.dtype], dims=list(t.shape))
-            init.data_location = onnx.TensorProto.EXTERNAL
-            for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(size))):
-                entry = init.external_data.add()
-                entry.key, entry.value = k, v
+            set_external(init, data_path.name, out.write(t.reshape(-1).view(torch.uint8).numpy().data), size)
             graph.initializer.append(init)
-            offset += size
             del t
             if progress is not None:
                 progress(size)
-    return offset
+        return out.offset

@@ -56,6 +56,11 @@ class BenchError(EagleExportError):
 
 
 MODES = ("eagle", "no_draft", "peer")  # the measured modes, in the order the rotation starts from
+# With a peer, a pause after every run, outside the timings. ONNX Runtime's threads spin on after a call under the
+# peer's own policy (onnxruntime-genai leaves spinning on), and took a core from whatever ran next: measured on the
+# int4 fixture, our EAGLE runs that followed went from 1326-1392 tok/s with this pause to 1044-1065 without it, the
+# peer and our no-draft runs unchanged (docs/bench.md, "The peer").
+SETTLE_S = 0.05
 
 
 # ---- prompts -----------------------------------------------------------------------------------
@@ -473,13 +478,6 @@ class PairedSession:
                     log(f"prompt {i + 1}/{len(self.specs)}{rep}: tau {tau(e.accept_lengths):.2f}, EAGLE "
                         f"{e.tok_s:.1f} tok/s, no-draft {n.tok_s:.1f} tok/s{more}")
         return [_row(spec, ids, rr) for spec, ids, rr in zip(self.specs, self.prompt_ids, runs, strict=True)]
-
-
-# With a peer, a pause after every run, outside the timings. ONNX Runtime's threads spin on after a call under the
-# peer's own policy (onnxruntime-genai leaves spinning on), and took a core from whatever ran next: measured on the
-# int4 fixture, our EAGLE runs that followed went from 1326-1392 tok/s with this pause to 1044-1065 without it, the
-# peer and our no-draft runs unchanged (docs/bench.md, "The peer").
-SETTLE_S = 0.05
 
 
 def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):
