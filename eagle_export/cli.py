@@ -78,7 +78,7 @@ def main() -> None:
 @click.option("--quantize", type=click.Choice(["none", "int4", "int8"]), default="none", show_default=True,
               help="Weight-only block quantization of the target's MatMul weights (lm_head stays float unless "
                    "--quantize-draft); ONNX Runtime runs it as MatMulNBits, TensorRT from DequantizeLinear "
-                   "(symmetric only). docs/scale.md.")
+                   "(symmetric only). tools/lab/results.md.")
 @click.option("--quantize-block-size", type=int, default=32, show_default=True,
               help="Rows of K sharing one scale (a power of 2 from 16 to 256).")
 @click.option("--quantize-symmetric/--quantize-asymmetric", default=True, show_default=True,
@@ -414,7 +414,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
         raise EagleExportError("--peer and --stop-at-eos are not available with --url or --concurrency")
     if url is not None:
         require("serve", *HTTP_CLIENT, command="`eagle-export bench --url`")
-        from .tools.commands.bench_http import bench_http
+        from .tools.commands.bench.http import bench_http
 
         if plot_file is not None or repeats not in (None, 1):
             raise EagleExportError("--plot and --repeats are not available with --url (run bench --concurrency on "
@@ -427,7 +427,7 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
         click.echo(json.dumps(report.to_dict()) if as_json else report.format())
         return
     if concurrency is not None:
-        from .tools.commands.bench_concurrency import bench_concurrency, plot_throughput
+        from .tools.commands.bench.concurrency import bench_concurrency, plot_throughput
 
         ns = _parse_ids(concurrency, "--concurrency")
         tree = None
@@ -555,6 +555,17 @@ def gpu_check_cmd(ctx) -> None:
     from .tools.commands.gpu_check import main as gpu_check
 
     gpu_check.main(args=list(ctx.args), prog_name="eagle-export gpu-check")
+
+
+@main.command("demo", add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def demo_cmd(ctx) -> None:
+    """The main job: export the bundled trained fixture with each of its heads, generate a sample, and measure tau
+    and the speedup over plain decoding (`eagle-export demo --help` lists its options)."""
+    from .tools.commands.demo import main as demo
+
+    demo.main(args=list(ctx.args), prog_name="eagle-export demo")
 
 
 @main.command("serve")

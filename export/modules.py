@@ -149,7 +149,7 @@ class TargetVerify(nn.Module):
     transformers' output_hidden_states numbering), concatenated in the list's order (EAGLE-3); an index
     may repeat (a 6-layer target's reference layers are 2, 3, 3).
     ``expert_selection``: a MoE target's routed experts (families.py): ``STATIC`` (``TopK``, which TensorRT builds)
-    by default; ``UNION`` (``NonZero``) only for measuring it (tools/moe_cost.py).
+    by default; ``UNION`` (``NonZero``) only for measuring it (tools/lab/moe_cost.py).
     """
 
     def __init__(self, causal_lm: nn.Module, feature_layers: list[int] | None = None, expert_selection: str = STATIC):

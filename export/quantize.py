@@ -22,7 +22,7 @@ MatMulNBits layout (ONNX Runtime's ContribOperators.md, checked by running ORT 1
 ``scales`` ``[N, n_blocks]`` in A's dtype; ``zero_points`` uint8 ``[N, ceil(n_blocks * bits / 8)]``, packed like
 ``B`` (default ``2^(bits-1)`` when absent). K that is not a multiple of ``block_size`` is padded with zero rows.
 
-Settings (measured in docs/scale.md, "Weight-only quantization: kernel choice"):
+Settings (measured in tools/lab/results.md, "Weight-only quantization: kernel choice"):
 
 - ONNX Runtime CPU: ``form="nbits"``, bits 4, block 32, ``accuracy_level=4`` (the defaults). Level 4 is the only fast
   kernel (3.2-3.4x a float MatMul for one token at Llama-3.2-1B's shapes; levels 0/1 are slower than float); int8 is
@@ -297,7 +297,7 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     ``predicate`` accepts (None: all) by its quantized form; returns what was done.
 
     - form "nbits": ``MatMulNBits(x, B, scales[, zero_points])`` with ``accuracy_level`` (ONNX Runtime only). The
-      default 4 is ONNX Runtime's only fast CPU kernel (0 and 1 are slower than a float MatMul: docs/scale.md,
+      default 4 is ONNX Runtime's only fast CPU kernel (0 and 1 are slower than a float MatMul: tools/lab/results.md,
       "Weight-only quantization: kernel choice"); it quantizes A to int8, so it is not exact against W' (use 0 or 1
       for a parity check).
     - form "qdq": ``MatMul(x, DequantizeLinear(q, scale[, zero_point], axis=0, block_size))``; q is INT4/INT8

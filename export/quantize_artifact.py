@@ -37,7 +37,7 @@ from .quantize import ACCURACY_LEVELS, BITS, MatMulSite, QuantizeError, check_se
 
 INLINE_MAX = 1024  # initializers up to this many bytes stay inside the .onnx file, as the exporter leaves them
 # Block 32, symmetric: what the peer's int4 builder uses, and what TensorRT-RTX builds. The accuracy level is
-# chosen for verify widths (docs/scale.md, "Weight-only quantization: kernel choice").
+# chosen for verify widths (tools/lab/results.md, "Weight-only quantization: kernel choice").
 DEFAULT_BLOCK_SIZE = 32
 DEFAULT_ACCURACY_LEVEL = 4
 

@@ -248,7 +248,7 @@ def _plan(graph: onnx.GraphProto, sources: dict[str, Source]) -> tuple[list[_Pla
     plain and transposed (a tied embedding / lm_head) is stored once as it is, ``[V, H]``, and keeps its
     Transpose: ONNX Runtime folds it into the lm_head's pre-packed weight, and the table stays row-major for the
     ``Gather``s (the target's, and the runtime's gather of the draft's ``input_embeds``). Storing it ``[H, V]``
-    instead held the table twice when open (measured: docs/scale.md)."""
+    instead held the table twice when open (measured: tools/lab/results.md)."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for x in node.input:

@@ -2,8 +2,9 @@
 
 The generator (``generator.py``) allocates every buffer once, through ``Backend.zeros``, and then calls
 ``Backend.run`` with ``BufferView``s (``views.py``) of those buffers: address, dtype, shape and where the memory
-lives. ``OrtBackend`` (ONNX Runtime), ``TrtBackend`` (TensorRT engines) and bench's ``TimingBackend`` implement
-it; ``tests/test_backend_protocol.py`` checks that each does. Every member is required: the loop never asks
+lives. ``OrtBackend`` (ONNX Runtime), ``TrtBackend`` (TensorRT engines) and ``timing.TimingBackend`` (the timing proxy
+bench puts around either) implement it; ``tests/test_trt_backend.py::test_backends_implement_the_protocol`` checks
+that each does. Every member is required: the loop never asks
 whether a backend has one.
 """
 

@@ -189,9 +189,9 @@ class OrtBackend:
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_cuda else ["CPUExecutionProvider"]
         self.providers = providers
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
-        # A quantized artifact's MatMulNBits take float16 natively (docs/scale.md): only its float MatMuls widen.
+        # A quantized artifact's MatMulNBits take float16 natively (tools/lab/results.md): only its float MatMuls widen.
         if self.device == "cpu" and manifest.dtype == "float16" and manifest.quantization is None:
-            # Measured in docs/scale.md ("Opening an artifact on ONNX Runtime CPU"): 2.09x the weights at 1B.
+            # Measured in tools/lab/results.md ("Opening an artifact on ONNX Runtime CPU"): 2.09x the weights at 1B.
             log.warning("%s holds float16 graphs: ONNX Runtime's CPU provider converts their MatMul weights to "
                         "float32 when it loads them (it has no float16 MatMul on most x86 CPUs), so they take about "
                         "twice the artifact's weights in memory and run no faster than fp32; export with --dtype fp32 "

@@ -175,7 +175,7 @@ def bigram(tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """head name -> the trained fixture exported with that head (as the demo exports it), each once per session."""
-    from eagle_export.tools.demo import export_fixture
+    from eagle_export.tools.commands.demo import export_fixture
 
     root = tmp_path_factory.mktemp("trained")
     return lambda head: export_fixture(head, root / head)

@@ -153,7 +153,7 @@ def test_draft_cache_catches_up_after_plain_rounds(tabled):
 def test_tune_writes_the_table_and_bench_reports_it(models, tmp_path):
     """tune's per-batch stage measures each candidate against batched no-draft and writes N's row (the best
     candidate, or no draft below 1x); bench --concurrency then reports EAGLE as tuned beside plain batching."""
-    from eagle_export.tools.commands.bench_concurrency import bench_concurrency
+    from eagle_export.tools.commands.bench.concurrency import bench_concurrency
     from eagle_export.tools.commands.tune import TuneError, tune, write_winner
 
     _, _, src = models("mha", max_batch=B)

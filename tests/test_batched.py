@@ -171,7 +171,7 @@ def test_sequences_reaching_the_capacity_in_a_batch(tmp_path):
     past the stride (capped at the graph's past_len range, 63): those rows are not written into the
     neighbour's region."""
     from eagle_export.prompts import read_prompts
-    from eagle_export.tools.demo import FIXTURE, fixture_tree
+    from eagle_export.tools.commands.demo import FIXTURE, fixture_tree
 
     art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
                           ExportOptions(max_seq_len=64, tree=fixture_tree("eagle1"), max_batch=B), progress=False)
@@ -274,7 +274,7 @@ def test_eight_sequences_share_one_set_of_weights(tmp_path):
     """The trained fixture (32 MiB of fp32 weights, 8.5 MiB of K/V per sequence) in a fresh process: a runtime
     with B = 8 busy slots is resident within a B = 1 runtime plus 7 more K/V caches plus 15% of them. A copy of
     the weights per slot would add 7 x 32 MiB."""
-    from eagle_export.tools.demo import FIXTURE, fixture_tree
+    from eagle_export.tools.commands.demo import FIXTURE, fixture_tree
 
     art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
                           ExportOptions(max_seq_len=960, tree=fixture_tree("eagle1"), max_batch=8), progress=False)

@@ -1,4 +1,4 @@
-"""`eagle-export bench` / tools/commands/bench.py: EAGLE against --no-draft side by side, the JSON report's fields and
+"""`eagle-export bench` / tools/commands/bench/: EAGLE against --no-draft side by side, the JSON report's fields and
 ranges, prompts files (text and ids lines, malformed lines named by number), the optional --plot."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from cli_run import cli, fail
 
 from eagle_export import contract as C
 from eagle_export.runtime.backend import Backend
-from eagle_export.tools.commands import peer_ort_genai as pog
+from eagle_export.runtime.timing import TimingBackend
 from eagle_export.tools.commands.bench import (
-    TimingBackend,
     _row,
     _Run,
     bench,
@@ -24,8 +23,9 @@ from eagle_export.tools.commands.bench import (
     mode_order,
     n_alpha,
 )
-from eagle_export.tools.commands.peer_ort_genai import PeerRun
-from eagle_export.tools.demo import FIXTURE
+from eagle_export.tools.commands.bench import peer as pog
+from eagle_export.tools.commands.bench.peer import PeerRun
+from eagle_export.tools.commands.demo import FIXTURE
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
 P9 = [(5 * i + 4) % 48 for i in range(9)]

@@ -167,7 +167,7 @@ def test_lean_export_leaves_exactly_the_manifest_files(tmp_path, tmpdir_env):
     data = (out / "target_verify.onnx.data").stat().st_size
     assert ckpt <= data < ckpt * 1.02 + 64 * 1024
     # The draft reads that one table (no lookup of a copy in its graph; its one [V, H] initializer is the EAGLE-1/2
-    # head's lm_head, kept on purpose: docs/scale.md): every row the runtime gathers is the checkpoint's.
+    # head's lm_head, kept on purpose: tools/lab/results.md): every row the runtime gathers is the checkpoint's.
     draft = onnx.load(str(out / "draft_step.onnx"), load_external_data=False).graph
     tables = {t.name for t in draft.initializer if mcfg.vocab_size in t.dims}
     assert len(tables) == 1 and not [n for n in draft.node if n.op_type == "Gather" and n.input[0] in tables]

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import read_prompts
-from eagle_export.tools.demo import FIXTURE, HEADS, fixture_tree
+from eagle_export.tools.commands.demo import FIXTURE, HEADS, fixture_tree
 from eagle_export.tree_params import TreeLimits
 
 MAX_MIB = 30.0

@@ -20,7 +20,7 @@ from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.kv_cache import FusedKVCache
 from eagle_export.runtime.tree import VerifyTree
-from eagle_export.tools.commands.validate import FusedAsStandard
+from eagle_export.tools.commands.validate.graphs import FusedAsStandard
 
 TOL = 1e-4
 

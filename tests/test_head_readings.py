@@ -30,8 +30,8 @@ from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.embedding import TokenEmbedding
 from eagle_export.runtime.oracle import EagleOracle, compare_with_oracle
-from eagle_export.tools.commands.against_library import check_against_library
 from eagle_export.tools.commands.validate import validate
+from eagle_export.tools.commands.validate.against_library import check_against_library
 from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeLimits, TreeParams
 

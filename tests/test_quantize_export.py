@@ -18,7 +18,7 @@ from eagle_export.errors import EagleExportError, EngineError
 from eagle_export.export.quantize_artifact import QuantizeOptions
 from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
 from eagle_export.runtime import EagleRuntime
-from eagle_export.tools.commands import peer_ort_genai as pog
+from eagle_export.tools.commands.bench import peer as pog
 from eagle_export.tree_params import TreeLimits
 
 SMALL = dict(preset="mha", max_seq_len=64, limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
@@ -166,7 +166,7 @@ def test_validate_quantized_artifact(int4):
 def test_drift_of_the_float_model_is_zero(models):
     """The drift measure itself: the float artifact against its own float model agrees everywhere."""
     from eagle_export.export.loaders import load_target
-    from eagle_export.tools.commands.validate_quant import QuantReport, measure_drift
+    from eagle_export.tools.commands.validate.quant import QuantReport, measure_drift
 
     art = models(**SMALL)[2]
     m = load_manifest(art)

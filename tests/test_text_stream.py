@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import AutoTokenizer
 
 from eagle_export.text_stream import REPLACEMENT, TextStream
-from eagle_export.tools.demo import FIXTURE
+from eagle_export.tools.commands.demo import FIXTURE
 
 TEXT = "naïve 你好 café, Grüße ⚡ 🙂!"
 

@@ -313,7 +313,7 @@ def test_views_of_tensors():
 
 
 def test_backends_implement_the_protocol(engines):
-    from eagle_export.tools.commands.bench import TimingBackend
+    from eagle_export.runtime.timing import TimingBackend
     from eagle_export.tools.testing.trt_emulator import emulated_backend
 
     art = engines("fp32")

@@ -316,21 +316,10 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
 
 
-def test_trt_host_bench_prints_its_figures(engines):
-    from click.testing import CliRunner
-
-    from eagle_export.tools.commands.trt_host_bench import main
-
-    res = CliRunner().invoke(main, [str(engines("fp32")), "--new-tokens", "8"])
-    assert res.exit_code == 0, res.output
-    assert "median host us per call: target_verify" in res.output
-    assert "set_tensor_address 0.0, get_tensor_shape 0.0" in res.output  # the third run sets no address
-
-
 def test_bench_proxy_times_the_tensorrt_backend_around_run_and_synchronize(engines):
     """bench's TimingBackend over TrtBackend (last_exec_s None): every call is synchronised and timed, so queued
     device work counts as the graph's; the generation is unchanged."""
-    from eagle_export.tools.commands.bench import TimingBackend
+    from eagle_export.runtime.timing import TimingBackend
 
     rt = emulated_runtime(engines("fp32"))
     want = rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=12, tree=TREE, stop_on_eos=False)

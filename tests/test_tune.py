@@ -1,4 +1,4 @@
-"""`eagle-export tune` / tools/commands/tune.py: the grid, its filtering and refinement, every setting lossless, the
+"""`eagle-export tune` / tools/commands/tune/: the grid, its filtering and refinement, every setting lossless, the
 winner written into the manifest (which still loads, everything else unchanged), --dry-run, lossy settings refused, and
 bad grids answered with one clear line. No timing assertions: which setting wins on a noisy machine is not fixed."""
 

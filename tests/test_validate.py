@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 from eagle_export import contract as C
 from eagle_export.cli import main
 from eagle_export.manifest import MANIFEST_NAME, load_manifest
-from eagle_export.tools.commands.validate import validate, worst_errors
+from eagle_export.tools.commands.validate import validate
+from eagle_export.tools.commands.validate.report import worst_errors
 
 # Every models(...) combination the test suite builds (conftest, test_cli, test_kv_alloc, test_loaders,
 # test_parity, test_lossless, test_oracle): validate must pass on each.

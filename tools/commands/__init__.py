@@ -1,3 +1,6 @@
-"""Commands users run: validate, bench, tune, gpu_check, kv_layout_bench, trt_host_bench, lm_head_share_bench (the
-EAGLE-1/2 draft's lm_head copied vs shared from the target's data file, measured on ONNX Runtime CPU)
-(``python -m eagle_export.tools.commands.<name>``)."""
+"""The command line's verbs, implemented: ``eagle-export validate``, ``bench``, ``tune``, ``gpu-check`` and ``demo``
+each call into the module or package of that name here (``eagle_export/cli.py`` parses the options and calls them).
+
+Research instruments whose questions are settled live in ``tools/lab/`` (outside the installed package); test
+stand-ins in ``tools/testing/``; the fixture's recipe in ``tools/recipe/``.
+"""

@@ -166,7 +166,7 @@ def _init_head(work: Path, variant: str, target, draft_ids: torch.Tensor | None,
     from safetensors.torch import load_file
 
     from eagle_export.export.loaders import load_draft_head
-    from eagle_export.tools.testing.tiny_models import _write_head, make_tiny_draft, make_tiny_eagle3_draft
+    from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, write_head
 
     out = work / variant
     tdir = work / "target"
@@ -182,7 +182,7 @@ def _init_head(work: Path, variant: str, target, draft_ids: torch.Tensor | None,
         tensors["t2d"] = t2d
         import json
 
-        _write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
+        write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
     loaded = load_draft_head(out, target)
     return loaded.head.float().train(), out
 
@@ -193,14 +193,14 @@ def _save_head(head, out: Path) -> None:
 
     from safetensors.torch import load_file
 
-    from eagle_export.tools.testing.tiny_models import _write_head
+    from eagle_export.tools.testing.tiny_models import write_head
 
     tensors = load_file(str(out / "model.safetensors"))
     state = head.state_dict()
     for k in tensors:
         if k not in ("d2t", "t2d"):
             tensors[k] = state[k].detach().float().contiguous()
-    _write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
+    write_head(out, json.loads((out / "config.json").read_text()), tensors, "safetensors")
 
 
 def _losses(head, variant, target, ids, last, feats, r: HeadRecipe, draft_ids):

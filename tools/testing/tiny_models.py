@@ -492,7 +492,7 @@ def make_tiny_draft(
     gen = torch.Generator().manual_seed(seed)
     tensors = _random_weights(shapes, gen, init_scale, norm_noise, own_embedding, target_dir)
 
-    return _write_head(out_dir, cfg, tensors, weights_format)
+    return write_head(out_dir, cfg, tensors, weights_format)
 
 
 def eagle3_weight_shapes(
@@ -661,7 +661,7 @@ def make_tiny_eagle3_draft(
              "norm_before_residual": norm_before_residual}
     flags = {k: v for k, v in flags.items() if v is not None}
     cfg, tensors = _eagle3_layout(layout, cfg, tensors, flags, feature_ids, num_layers, Vd, V)
-    return _write_head(out_dir, cfg, tensors, weights_format)
+    return write_head(out_dir, cfg, tensors, weights_format)
 
 
 def _eagle3_layout(layout: str, cfg: dict, tensors: dict, flags: dict, feature_ids, num_layers: int, Vd: int,
@@ -725,7 +725,7 @@ def _random_weights(shapes: dict[str, tuple], gen: torch.Generator, init_scale: 
     return tensors
 
 
-def _write_head(out_dir: Path, cfg: dict, tensors: dict[str, torch.Tensor], weights_format: str) -> Path:
+def write_head(out_dir: Path, cfg: dict, tensors: dict[str, torch.Tensor], weights_format: str) -> Path:
     """The published layout: config.json plus model.safetensors or pytorch_model.bin (never both)."""
     for stale in ("model.safetensors", "pytorch_model.bin"):
         (out_dir / stale).unlink(missing_ok=True)

@@ -1,12 +1,11 @@
-"""tools/commands/lm_head_share_bench: the shared lm_head (a graph input bound to a mapping of the data file) and
+"""tools/lab/lm_head_share_bench: the shared lm_head (a graph input bound to a mapping of the data file) and
 the copy (an initializer in that file) compute the same top-k, and the program leaves nothing behind (its timings
 and memory figures are for reading, not asserted)."""
 
 from __future__ import annotations
 
 import pytest
-
-from eagle_export.tools.commands.lm_head_share_bench import KINDS, Shape, main, measure, report
+from lm_head_share_bench import KINDS, Shape, main, measure, report
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

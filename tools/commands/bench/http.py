@@ -1,10 +1,10 @@
 """`eagle-export bench --url URL --concurrency N`: the concurrency bench against a running `eagle-export serve`.
 
-    from eagle_export.tools.commands.bench_http import bench_http
+    from eagle_export.tools.commands.bench.http import bench_http
     report = bench_http("http://127.0.0.1:8000", concurrency=[1, 4], requests=8)
     print(report.format())            # or json.dumps(report.to_dict())
 
-The same closed loop as ``bench --concurrency`` (tools/bench_concurrency.py), with HTTP clients: for each N, N
+The same closed loop as ``bench --concurrency`` (bench/concurrency.py), with HTTP clients: for each N, N
 client threads send M greedy streamed requests (EOS ignored) one after another, first with EAGLE, then with the
 ``eagle.no_draft`` extension (batched plain decoding on the same server); one warm-up pass of each mode first.
 The figures are computed the same way (its ``percentile``) from what the server returns and exports:
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from eagle_export.prompts import PromptSpec, read_prompts
 
-from .bench import BenchError, builtin_prompts
-from .bench_concurrency import Level, ModeFigures, percentile, run_clients
+from . import BenchError, builtin_prompts
+from .concurrency import Level, ModeFigures, percentile, run_clients
 
 
 @dataclass

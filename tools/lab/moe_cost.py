@@ -1,7 +1,7 @@
 """MoE cost benchmark: a target step's cost with routed experts (export/families.py: the selected experts gathered
 by index) against the same layers made dense at the active experts' width, and dense at all experts' width.
 
-    python -m eagle_export.tools.moe_cost [--shapes qwen3-30b-a3b,gpt-oss-20b] [--layers 1] [--widths 1,4,16,32]
+    python tools/lab/moe_cost.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--layers 1] [--widths 1,4,16,32]
                                           [--variants moe,union,active,all]
 
 For each shape (the published config's hidden size, heads, expert count, top-k and expert width; ``--layers``
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|" + "---|" * len(widths))
     for shape in a.shapes.split(","):
         for variant in a.variants.split(","):
-            cmd = [sys.executable, "-m", "eagle_export.tools.moe_cost", "--child", f"{shape}:{variant}",
+            cmd = [sys.executable, __file__, "--child", f"{shape}:{variant}",
                    "--layers", str(a.layers), "--widths", a.widths, "--reps", str(a.reps), "--threads", str(a.threads),
                    "--clock", a.clock]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -1,6 +1,6 @@
 """Scale benchmark: export real-size random-weight models and measure what decides EAGLE's speedup at that size.
 
-    python -m eagle_export.tools.export_scale [--models 1b,3b,8b] [--work /tmp/scale] [--keep]
+    python tools/lab/export_scale.py [--models 1b,3b,8b] [--work /tmp/scale] [--keep]
 
 For each shape (Llama-3.2-1B, Llama-3.2-3B, Llama-3.1-8B, each with an EAGLE-3 head of draft vocabulary 32000)
 it writes a random-weight checkpoint laid out as the published ones are (fp16 safetensors, sharded with an index
@@ -256,10 +256,10 @@ def _best_time(fn, reps: int, clock: str = "wall") -> float:
 
 def child_open(artifact: str, reps: int, clock: str = "wall") -> dict:
     import numpy as np
+    from graph_bench import bind_target_call
 
     from eagle_export import contract as C
     from eagle_export.runtime import EagleRuntime
-    from eagle_export.tools.commands.graph_bench import bind_target_call
 
     rss0, _ = _rss()
     # CPU time counts a spinning thread's waiting: with --clock cpu the threads do not spin, so it counts work.
@@ -303,9 +303,10 @@ def _host_per_round(rt) -> float:
     """Host work per EAGLE round: decode time minus graph execution, over a short generation, run twice and the
     second one counted (the first pays first-touch costs: buffers, and the draft's embedding rows, read from disk
     when the page cache has dropped them, 0.5 ms a row at 3B)."""
-    from eagle_export.tools.commands.bench import _generate, _Installed
+    from eagle_export.runtime.timing import TimingInstalled
+    from eagle_export.tools.commands.bench import _generate
 
-    with _Installed(rt) as proxy:
+    with TimingInstalled(rt) as proxy:
         ids = [(1000 + i) % rt.manifest.target.vocab_size for i in range(32)]
         for _ in range(2):
             run = _generate(rt, proxy, ids, 8, rt.manifest.tree_defaults, True)
@@ -349,7 +350,7 @@ def _mem_available() -> int:
 
 
 def _child(args: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "eagle_export.tools.export_scale", "--child", json.dumps(args)]
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{args[0]} failed (status {out.returncode}):\n{out.stderr[-4000:]}")

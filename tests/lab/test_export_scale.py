@@ -1,9 +1,10 @@
-"""tools/export_scale: its streamed safetensors writer and its published-layout checkpoints, on tiny shapes."""
+"""tools/lab/export_scale: its streamed safetensors writer and its published-layout checkpoints, on tiny shapes."""
 
 from __future__ import annotations
 
 import json
 
+import export_scale as S
 import pytest
 import safetensors
 import torch
@@ -12,7 +13,6 @@ from eagle_export import contract as C
 from eagle_export.export.exporter import ExportOptions, export_with_report
 from eagle_export.export.quantize_artifact import QuantizeOptions
 from eagle_export.manifest import load_manifest
-from eagle_export.tools import export_scale as S
 
 
 def test_write_safetensors_reads_back_with_the_library(tmp_path):

@@ -1,7 +1,7 @@
 """Measure the two KV-cache designs (docs/runtime.md, "Why BSHD plus prefix views") on one artifact's target
 verify graph.
 
-    python -m eagle_export.tools.commands.kv_layout_bench ARTIFACT [--tokens 8] [--past 32,128,512] [--repeats 40]
+    python tools/lab/kv_layout_bench.py ARTIFACT [--tokens 8] [--past 32,128,512] [--repeats 40]
 
 The runtime binds the valid prefix of each cache buffer (``past_len`` = committed rows): attention
 follows the real length, but every call rebinds 2 x layers ``past_*`` views, because their length

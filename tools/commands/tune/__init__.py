@@ -5,7 +5,7 @@
     print(report.format())            # or json.dumps(report.to_dict())
     write_winner("artifacts/tiny", report)   # tree_defaults <- the winner, plus a `tuned` record
 
-It runs on bench's measuring core (tools/commands/bench.py ``PairedSession``): one runtime, opened once, with the timing
+It runs on bench's measuring core (tools/commands/bench/ ``PairedSession``): one runtime, opened once, with the timing
 proxy; for every tree setting and every prompt one greedy EAGLE generation and one greedy no-draft generation run
 one right after the other (alternating which goes first), EOS ignored. So each setting's speedup is a median of
 side-by-side ratios, comparable across settings measured minutes apart on a drifting machine, while absolute
@@ -31,7 +31,7 @@ for the stages after it, and written into the ``tuned`` record, where the runtim
 
 With ``batch_sizes`` (the command's ``--batch-sizes``, default 1, 2, 4, ... up to the artifact's --max-batch), a
 third stage measures, at each number of concurrent sequences N >= 2, a ladder of the best tree of each size against
-batched plain decoding (tools/commands/tune_batch.py), and ``write_winner`` also writes the per-batch table
+batched plain decoding (tools/commands/tune/batch.py), and ``write_winner`` also writes the per-batch table
 ``batch_trees`` (N = 1: the single-sequence winner, or no draft if even it is slower than plain decoding).
 
 Every setting must be lossless (EAGLE's tokens equal no-draft's on every prompt and repeat); a lossy one is
@@ -61,7 +61,7 @@ from eagle_export.tools.commands.bench import (
 )
 from eagle_export.tree_params import BatchTree, BatchTrees, TreeParams
 
-from .tune_batch import SizeRow, default_sizes, format_rows, ladder, tune_batch
+from .batch import SizeRow, default_sizes, format_rows, ladder, tune_batch
 
 if TYPE_CHECKING:
     from eagle_export.manifest import Manifest

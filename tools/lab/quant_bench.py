@@ -1,6 +1,6 @@
 """Measure ONNX Runtime's CPU MatMulNBits (weight-only int4/int8) against a float MatMul, per row count.
 
-    python -m eagle_export.tools.commands.quant_bench [--threads 2] [--rows 1,4,8,13,16,32] [--repeats 5]
+    python tools/lab/quant_bench.py [--threads 2] [--rows 1,4,8,13,16,32] [--repeats 5]
 
 Why: a 13-token EAGLE verify should cost no more than 2x a 1-token step on the quantized target (issue 22), and
 which kernel MatMulNBits takes depends on bits, block size and accuracy_level (0/1: float A, dequantized weights;

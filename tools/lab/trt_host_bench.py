@@ -1,7 +1,7 @@
 """Host work of the TensorRT backend per call, on a CPU: TrtBackend over the emulator with TensorRT's execution
 stubbed out, so what is timed is the backend's own planning, staging and binding (plus the stand-in's calls).
 
-    python -m eagle_export.tools.commands.trt_host_bench ARTIFACT [--new-tokens 60] [--reset-each-call]
+    python tools/lab/trt_host_bench.py ARTIFACT [--new-tokens 60] [--reset-each-call]
 
 ARTIFACT needs engines (`eagle-export build`). One EAGLE generation is run three times; the last is reported:
 median host microseconds per target and per draft call, and how many set_input_shape / set_tensor_address /

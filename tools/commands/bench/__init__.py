@@ -10,7 +10,7 @@ runtime (the order alternates from prompt to prompt), after one warm-up generati
 Generations ignore EOS (``stop_on_eos=False``) unless ``stop_at_eos``: then each stops at its first EOS, as the
 reference implementation and transformers do. Either way both runs of a prompt can be compared (``lossless``).
 
-``peer="ort-genai"`` adds ORT GenAI's greedy decoding of the same target (tools/commands/peer_ort_genai.py) as a
+``peer="ort-genai"`` adds ORT GenAI's greedy decoding of the same target (tools/commands/bench/peer.py) as a
 third mode, interleaved with ours, with its tokens compared to our plain decoding's.
 
 What is measured (see docs/bench.md):
@@ -33,18 +33,16 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
-from eagle_export.runtime.backend import Backend
 from eagle_export.runtime.generator import tau
+from eagle_export.runtime.timing import TimingBackend, TimingInstalled
 from eagle_export.tree_params import TreeParams
 
-from .peer_ort_genai import choose_unused_id, first_divergence
+from .peer import choose_unused_id, first_divergence
 
 # Built-in prompts: text when the artifact has a tokenizer, else id prompts (taken modulo the vocabulary).
 TEXT_PROMPTS = ["The quick brown fox", "def main():", "Once upon a time", "import numpy as np"]
@@ -71,88 +69,6 @@ def builtin_prompts(has_tokenizer: bool, vocab: int) -> list[PromptSpec]:
         return [PromptSpec(f"builtin {i + 1}", text=t) for i, t in enumerate(TEXT_PROMPTS)]
     return [PromptSpec(f"builtin {i + 1}", ids=tuple((a * j + b) % vocab for j in range(n)))
             for i, (a, b, n) in enumerate(ID_PROMPT_RULES)]
-
-
-# ---- timing proxy ------------------------------------------------------------------------------
-
-
-class TimingBackend:
-    """Wraps a backend (``runtime.backend.Backend``, which it implements too): forwards every member and times
-    ``run`` per graph name.
-
-    A backend that reports ``last_exec_s`` (ONNX Runtime: the time inside the session's run, binding excluded) is
-    timed by that, so binding the call's buffers counts as host work. One that reports None (TensorRT: work queued
-    on a stream) is synchronized after each call and timed around ``run`` + ``synchronize``, so the call's device
-    work is inside its time.
-    """
-
-    def __init__(self, inner: Backend):
-        self._inner = inner
-        self.name = inner.name
-        self.device = inner.device
-        self.host_memory = inner.host_memory
-        self.max_prefill = inner.max_prefill
-        self.target_graph = inner.target_graph
-        self.tree_graph = inner.tree_graph
-        self.last_exec_s = inner.last_exec_s
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-
-    @property
-    def target_seconds(self) -> float:
-        """Time in the target graph, whichever variant ran (standard or fused)."""
-        return self.seconds.get(C.TARGET_GRAPH, 0.0) + self.seconds.get(C.TARGET_FUSED_GRAPH, 0.0)
-
-    @property
-    def draft_seconds(self) -> float:
-        """Time in the draft graphs (the step graph, and the tree graph where it ran)."""
-        return self.seconds.get(C.DRAFT_GRAPH, 0.0) + self.seconds.get(C.DRAFT_TREE_GRAPH, 0.0)
-
-    def run(self, graph: str, inputs: dict, outputs: dict) -> None:
-        inner = self._inner
-        t0 = time.perf_counter()
-        inner.run(graph, inputs, outputs)
-        exec_s = inner.last_exec_s
-        if exec_s is None:
-            inner.synchronize()
-            exec_s = time.perf_counter() - t0
-        self.last_exec_s = exec_s
-        self.seconds[graph] += exec_s
-        self.calls[graph] += 1
-
-    def zeros(self, shape: tuple[int, ...], dtype):
-        return self._inner.zeros(shape, dtype)
-
-    def check_tree(self, tree: TreeParams) -> None:
-        self._inner.check_tree(tree)
-
-    def to_host(self, x):
-        return self._inner.to_host(x)
-
-    def synchronize(self) -> None:
-        self._inner.synchronize()
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
-
-class _Installed:
-    """Puts a TimingBackend in place of the runtime's backend for the bench, and restores it after."""
-
-    def __init__(self, rt):
-        self.rt = rt
-        self.inner = rt.generator.backend
-        self.proxy = TimingBackend(self.inner)
-
-    def __enter__(self) -> TimingBackend:
-        self.rt.generator.backend = self.proxy
-        self.rt.backend = self.proxy
-        return self.proxy
-
-    def __exit__(self, *exc):
-        self.rt.generator.backend = self.inner
-        self.rt.backend = self.inner
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -384,7 +300,7 @@ def median_run(runs: list):
 
 class PairedSession:
     """One opened runtime with the timing proxy installed and the prompts resolved to ids: the measuring core
-    shared by ``bench`` and ``tune`` (tools/commands/tune.py).
+    shared by ``bench`` and ``tune`` (tools/commands/tune/).
 
         with PairedSession(artifact, prompts=None, backend="ort", threads=1) as s:
             s.warm_up(tree, max_new_tokens)
@@ -416,7 +332,7 @@ class PairedSession:
                 specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
             self.specs: list[PromptSpec] = specs
             self.prompt_ids = [prompt_ids(self.rt, s) for s in specs]
-            self._installed = _Installed(self.rt)
+            self._installed = TimingInstalled(self.rt)
             self.proxy = self._installed.__enter__()
         except BaseException:
             torch.set_num_threads(self._threads_before)
@@ -541,7 +457,7 @@ def open_peer(session: PairedSession, name: str, *, precision: str | None, targe
               cache: str | Path | None, threads: int | None, log=None):
     """The peer NAME for the session's artifact: built (or taken from the cache: default ARTIFACT/peers) from the
     target folder (default: the one the artifact was exported from), at the artifact's precision unless given."""
-    from . import peer_ort_genai as pog
+    from . import peer as pog
 
     if name not in pog.PEERS:
         raise BenchError(f"--peer must be one of {', '.join(pog.PEERS)}, got {name!r}")

@@ -1,4 +1,4 @@
-"""`python -m eagle_export.tools.commands.round_bench ARTIFACT`: where an EAGLE round's time goes, per drafting mode.
+"""`python tools/lab/round_bench.py ARTIFACT`: where an EAGLE round's time goes, per drafting mode.
 
 Opens the artifact twice on ONNX Runtime: drafting with the draft tree graph (one draft call a round, the default
 where the artifact has one) and with the step graph alone (one call per tree level plus the context pass). Runs the
@@ -19,8 +19,8 @@ import click
 from eagle_export import contract as C
 from eagle_export.prompts import prompt_ids, read_prompts
 from eagle_export.runtime import EagleRuntime
-
-from .bench import TimingBackend, builtin_prompts
+from eagle_export.runtime.timing import TimingBackend
+from eagle_export.tools.commands.bench import builtin_prompts
 
 
 def _install(rt: EagleRuntime) -> TimingBackend:

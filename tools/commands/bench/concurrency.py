@@ -1,6 +1,6 @@
 """`eagle-export bench --concurrency N`: many requests on one batched runtime, EAGLE against batched `--no-draft`.
 
-    from eagle_export.tools.commands.bench_concurrency import bench_concurrency
+    from eagle_export.tools.commands.bench.concurrency import bench_concurrency
     report = bench_concurrency("artifacts/tiny", concurrency=[1, 2, 4], requests=8, threads=2)
     print(report.format())            # or json.dumps(report.to_dict())
 
@@ -34,9 +34,10 @@ from pathlib import Path
 
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts
 from eagle_export.runtime.generator import tau
+from eagle_export.runtime.timing import TimingBackend
 from eagle_export.tree_params import TreeParams
 
-from .bench import BenchError, TimingBackend, builtin_prompts, peak_rss_mb
+from . import BenchError, builtin_prompts, peak_rss_mb
 
 TUNED = "tuned"  # _pass mode: no tree given, the artifact's per-batch table decides each round
 
@@ -297,7 +298,7 @@ def _max_batch(artifact) -> int:
 
 def plot_throughput(report: ConcurrencyReport, path: str | Path) -> Path:
     """Aggregate tokens/s against N, EAGLE and batched no-draft, to PATH (a PNG)."""
-    from .bench import require_matplotlib, save_figure
+    from . import require_matplotlib, save_figure
 
     plt = require_matplotlib()
     ns = [lv.concurrency for lv in report.levels]

@@ -1,13 +1,13 @@
-"""tools/commands/kv_layout_bench: the whole-capacity binding with a mask computes what the runtime's prefix
+"""tools/lab/kv_layout_bench: the whole-capacity binding with a mask computes what the runtime's prefix
 binding does (its timings are for reading, not asserted)."""
 
 from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from kv_layout_bench import format_rows, main, measure
 
 from eagle_export.errors import EagleExportError
-from eagle_export.tools.commands.kv_layout_bench import format_rows, main, measure
 
 
 def test_both_designs_give_the_same_logits(models):

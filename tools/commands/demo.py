@@ -1,6 +1,7 @@
-"""The README's main job: export the shipped trained fixture, generate a sample, print tau and the speedup.
+"""`eagle-export demo`, the README's main job: export the shipped trained fixture, generate a sample, print tau and the
+speedup.
 
-    python -m eagle_export.tools.demo [--workdir demo] [--max-new-tokens 64] [--heads eagle1,eagle3]
+    eagle-export demo [--workdir demo] [--max-new-tokens 64] [--heads eagle1,eagle3]
 
 The fixture (``fixture/``, made by ``tools/recipe/make_fixture.py``) is a small trained code model with a trained
 EAGLE-1/2 head and a trained EAGLE-3 head. For each head the demo exports an artifact (once, into
@@ -25,7 +26,7 @@ from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import bench
 from eagle_export.tree_params import TreeParams
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixture"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixture"
 HEADS = ("eagle1", "eagle3")
 
 

@@ -27,7 +27,7 @@ from eagle_export import contract as C
 from eagle_export.errors import EagleExportError
 from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo
 
-PARITY_LEVEL = 1  # MatMulNBits' float-compute level (0 and 1 are the same kernel: docs/scale.md)
+PARITY_LEVEL = 1  # MatMulNBits' float-compute level (0 and 1 are the same kernel: tools/lab/results.md)
 
 
 @dataclass

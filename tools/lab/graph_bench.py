@@ -1,4 +1,4 @@
-"""`python -m eagle_export.tools.commands.graph_bench ARTIFACT`: one target call's time per graph variant.
+"""`python tools/lab/graph_bench.py ARTIFACT`: one target call's time per graph variant.
 
 Times the artifact's target graphs (the standard one, and the fused one ONNX Runtime runs) on ONNX Runtime CPU for
 a call of N new tokens over P cached rows, with IO binding over preallocated buffers as the runtime binds them, the

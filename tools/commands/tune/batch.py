@@ -1,13 +1,13 @@
 """`eagle-export tune --batch-sizes`: the best tree per number of active sequences, or no draft where batched plain
 decoding wins (the manifest's ``batch_trees``, applied each round by runtime/scheduler.py).
 
-    from eagle_export.tools.commands.tune_batch import tune_batch
+    from eagle_export.tools.commands.tune.batch import tune_batch
     rows = tune_batch("artifacts/tiny", sizes=[2, 4], candidates=[TreeParams(1, 4, 4), TreeParams(2, 4, 8)])
 
 Batching amortises a graph call's fixed cost over the sequences, so plain decoding gains more from it than EAGLE,
 whose verify already holds several tokens per sequence: past some batch size a smaller tree, or none, is faster.
 For each N, one runtime opened with ``max_batch=N`` serves M greedy requests (EOS ignored) from N client threads
-(``bench --concurrency``'s passes, tools/commands/bench_concurrency.py), once per candidate tree and once with no
+(``bench --concurrency``'s passes, tools/commands/bench/concurrency.py), once per candidate tree and once with no
 draft, alternating, ``repeats`` times. A candidate's speedup is the median over repeats of its pass's throughput /
 the no-draft pass's next to it. The best lossless candidate is N's row; none (no draft) when even it is below 1.
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export.prompts import PromptSpec, prompt_ids
+from eagle_export.runtime.timing import TimingBackend
+from eagle_export.tools.commands.bench import builtin_prompts
 from eagle_export.tree_params import BatchTree, TreeParams
-
-from .bench import TimingBackend, builtin_prompts
 
 
 @dataclass
@@ -83,7 +83,7 @@ def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeP
     """Measure every candidate against batched no-draft at each N of ``sizes``; see the module docstring."""
     from eagle_export.runtime import EagleRuntime
 
-    from .bench_concurrency import _pass
+    from .concurrency import _pass
 
     say = log or (lambda msg: None)
     out: list[SizeRow] = []

@@ -1,6 +1,6 @@
 """Should the EAGLE-1/2 draft graph share the target's lm_head or carry its own copy? Measured on ONNX Runtime CPU.
 
-    python -m eagle_export.tools.commands.lm_head_share_bench [--hidden 2048] [--vocab 128256] [--dtype fp32]
+    python tools/lab/lm_head_share_bench.py [--hidden 2048] [--vocab 128256] [--dtype fp32]
         [--rows 1,4,16] [--reps 10] [--workdir /tmp]
 
 An EAGLE-1/2 draft step ends with the target's lm_head and a top-k over the whole vocabulary. This program builds
@@ -291,7 +291,7 @@ def _at_least(minimum: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eagle_export.tools.commands.lm_head_share_bench",
+    p = argparse.ArgumentParser(prog="python tools/lab/lm_head_share_bench.py",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=_at_least(1), default=2048, help="H (default 2048: Llama-3.2-1B)")
     p.add_argument("--vocab", type=_at_least(1), default=128256, help="V (default 128256: Llama 3)")

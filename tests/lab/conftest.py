@@ -1,0 +1,19 @@
+"""The research instruments' tests (tools/lab/): out of the default run (the `lab` marker; `pytest -m lab` runs
+them). tools/lab is not part of the installed package, so its scripts are imported from their folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "lab"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m selection reads the markers
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.lab)
