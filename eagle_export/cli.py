@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from .errors import EagleExportError
-from .export.readings import READING_CHOICES
+from .export.checkpoint.readings import READING_CHOICES
 from .extras import HTTP_CLIENT, RAY, SERVE, require
 from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
@@ -104,9 +104,9 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
                quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers, head_reading, overwrite,
                quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
+    from .export.checkpoint.hub import resolve_checkpoint
     from .export.exporter import ExportOptions, export_with_report
-    from .export.hub import resolve_checkpoint
-    from .export.quantize_artifact import QuantizeOptions
+    from .export.quantization.artifact import QuantizeOptions
 
     target_dir = resolve_checkpoint(target_dir, "--target", progress=not quiet)
     draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
@@ -322,7 +322,7 @@ def validate_cmd(artifact, backend, prompts, max_new_tokens, prompts_file, targe
 
     Exit status 0 when every check passes, 1 when one fails, 2 on an error in what you give.
     """
-    from .export.hub import resolve_checkpoint
+    from .export.checkpoint.hub import resolve_checkpoint
     from .prompts import read_prompts
     from .tools.commands.validate import validate
 

@@ -36,8 +36,8 @@ from a read-only mapping of it (``runtime/embedding.py``; where the table lies: 
 holds it twice.
 
 Version 4 adds the fused target graph (``target_verify_fused``, ONNX Runtime only: ``GroupQueryAttention`` with
-rotary inside, ``SkipSimplifiedLayerNormalization``; ``export/fused.py``). Its cache IO differs: each layer's K and V
-are one whole buffer ``[batch, kv_heads, capacity, head_dim]`` (BNSH), bound as both ``past_*`` and ``present_*``
+rotary inside, ``SkipSimplifiedLayerNormalization``; ``export/graphs/fused.py``). Its cache IO differs: each layer's K
+and V are one whole buffer ``[batch, kv_heads, capacity, head_dim]`` (BNSH), bound as both ``past_*`` and ``present_*``
 (the same memory); the call writes its ``new_tokens`` rows at rows ``[total_len - new_tokens, total_len)`` of every
 sequence and reads rows ``[0, total_len)`` under the mask, so no call copies the cache. The other inputs and outputs
 are the standard graph's, with one restriction ONNX Runtime's operator sets: a call over an empty cache (``total_len ==
@@ -46,8 +46,8 @@ over a non-empty cache takes one sequence (batch 1). The runtime's calls are so.
 TensorRT (and for targets the fused operator cannot run);
 ``graph_for`` says which graph a backend runs.
 
-Version 5 adds the draft tree graph (``draft_tree``, ONNX Runtime; ``export/draft_tree.py``): a round's draft work in
-one call. Its inputs are a context pass's (the step graph's, every new row a feature row, no ``hidden_in``) plus
+Version 5 adds the draft tree graph (``draft_tree``, ONNX Runtime; ``export/graphs/draft_tree.py``): a round's draft
+work in one call. Its inputs are a context pass's (the step graph's, every new row a feature row, no ``hidden_in``) plus
 ``last_row`` [batch] (each sequence's last context row, its new root). It runs the context pass, then ``tree_depth``
 tree levels of ``tree_top_k`` nodes, choosing each level's frontier inside the graph (the best ``tree_top_k`` of its
 ``tree_top_k``^2 children by cumulative log-prob, ties to the lower index), and returns every candidate of the tree:
@@ -267,7 +267,7 @@ def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
 def draft_tree_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, max_top_k: int,
                     tree_top_k: int, tree_depth: int, dtype: str, num_layers: int = 1) -> GraphSpec:
     """Draft tree graph (contract 5): a context pass over ``new_tokens`` feature rows, then the tree grown inside
-    the graph (``export/draft_tree.py``). Candidates per sequence: top_k + depth * top_k^2."""
+    the graph (``export/graphs/draft_tree.py``). Candidates per sequence: top_k + depth * top_k^2."""
     n = candidate_count(tree_top_k, tree_depth)
     inputs = [
         TensorSpec(INPUT_EMBEDS, dtype, (BATCH, NEW_TOKENS, hidden_size)),

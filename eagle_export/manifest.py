@@ -52,11 +52,11 @@ class DraftInfo:
     own_embedding: bool
     source: str
     # Added in schema 2 without a bump (older manifests load with these defaults):
-    format: str = "unknown"  # the detected checkpoint format (export/formats.py), e.g. "speculators-eagle3"
+    format: str = "unknown"  # the detected checkpoint format (export/checkpoint/formats.py), e.g. "speculators-eagle3"
     num_layers: int = 1  # decoder layers in the head: one past/present K/V pair each in the draft graph
     options: dict = field(default_factory=dict)  # the head's math options (HeadOptions), as exported
     feature_layers_source: str | None = None  # where target.feature_layers came from (checkpoint, default, flag)
-    reading: str = "config"  # --head-reading applied (export/readings.py): config, or a writer's reading
+    reading: str = "config"  # --head-reading applied (export/checkpoint/readings.py): config, or a writer's reading
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ class TunedInfo:
         return cls(**d)
 
 
-QUANT_BITS = (4, 8)  # weight-only block quantization (export --quantize int4|int8; export/quantize.py)
+QUANT_BITS = (4, 8)  # weight-only block quantization (export --quantize int4|int8; export/quantization/matmuls.py)
 QUANT_FORMS = ("nbits", "qdq")
 
 

@@ -18,27 +18,9 @@ from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
-from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TableRef, TargetInfo
-from eagle_export.progress import progress_bar, terminal_bars
-from eagle_export.tree_params import TreeLimits, TreeParams
-
-from .draft_tree import DraftTree
-from .embedding_table import locate_target_embedding, write_own_table
-from .families import layer_plans, windowed
-from .fused import FusedTargetVerify, pack_qkv, rope_cache
-from .loaders import LoadedTarget, load_draft_head, load_target
-from .modules import DraftStep, TargetVerify
-from .out_dir import (
-    OutputLock,
-    check_replaceable,
-    make_partial,
-    parent_folders,
-    publish,
-    remove_stale_partials,
-)
-from .quantize_artifact import QuantizeOptions, quantize_artifact_graphs
-from .shared_data import share_weights
-from .weights import (
+from eagle_export.export.checkpoint.loaders import LoadedTarget, load_draft_head, load_target
+from eagle_export.export.data.embedding_table import locate_target_embedding, write_own_table
+from eagle_export.export.data.lean import (
     MemoryTensor,
     Source,
     WeightsAsInputs,
@@ -47,6 +29,23 @@ from .weights import (
     checkpoint_sources,
     externalize,
 )
+from eagle_export.export.data.out_dir import (
+    OutputLock,
+    check_replaceable,
+    make_partial,
+    parent_folders,
+    publish,
+    remove_stale_partials,
+)
+from eagle_export.export.data.shared_data import share_weights
+from eagle_export.export.graphs.draft_tree import DraftTree
+from eagle_export.export.graphs.families import layer_plans, windowed
+from eagle_export.export.graphs.fused import FusedTargetVerify, pack_qkv, rope_cache
+from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+from eagle_export.export.quantization.artifact import QuantizeOptions, quantize_artifact_graphs
+from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TableRef, TargetInfo
+from eagle_export.progress import progress_bar, terminal_bars
+from eagle_export.tree_params import TreeLimits, TreeParams
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ log = logging.getLogger(__name__)
 # ort backend refuses them.
 OPSET = 17
 DEFAULT_MAX_SEQ_LEN = 2048
-# Targets whose weight files reach this size take the lean path (export/weights.py: traced on the meta device,
+# Targets whose weight files reach this size take the lean path (export/data/lean.py: traced on the meta device,
 # the checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with
 # their weights, as before; both paths give the same graphs' values (tests/test_export_lean.py).
 LEAN_THRESHOLD_BYTES = 256 << 20
@@ -77,10 +76,10 @@ class ExportOptions:
     fused: bool = True
     # Also write the draft tree graph (contract 5): a round's draft work in one call, for the default tree's shape.
     draft_tree: bool = True
-    # How the head is read (export/readings.py): auto (the writer's reading where the files name it), config, or a
-    # writer's reading forced.
+    # How the head is read (export/checkpoint/readings.py): auto (the writer's reading where the files name it),
+    # config, or a writer's reading forced.
     head_reading: str = "auto"
-    # Weight-only int4/int8 quantization of the MatMul weights (export/quantize_artifact.py); None: float weights.
+    # Weight-only int4/int8 quantization of the MatMul weights (export/quantization/artifact.py); None: float weights.
     quantize: QuantizeOptions | None = None
 
 
@@ -145,7 +144,7 @@ def _export_graph(module: torch.nn.Module, args: tuple, spec: C.GraphSpec, path:
                   lean: dict[int, Source] | None = None, bar=None) -> None:
     """Trace with the contract's names and axes, then store weights as external data next to the graph.
 
-    lean: tensor id -> checkpoint tensor (export/weights.py). Then the module is traced on the meta device with
+    lean: tensor id -> checkpoint tensor (export/data/lean.py). Then the module is traced on the meta device with
     its weights as graph inputs, and ``externalize`` writes them from their sources one by one: the graph file is
     written once, small, and only ``<graph>.onnx.data`` sits beside it.
     """

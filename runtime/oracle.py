@@ -122,7 +122,7 @@ class EagleOracle:
     @classmethod
     def load(cls, target_dir: str | Path, draft_dir: str | Path,
              feature_layers: list[int] | None = None) -> EagleOracle:
-        from eagle_export.export.loaders import load_draft_head, load_target
+        from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
 
         target = load_target(target_dir, dtype=torch.float32, progress=False)
         d = load_draft_head(draft_dir, target, feature_layers)

@@ -271,7 +271,8 @@ class TreeGrower:
         return self._frontiers[levels]
 
     def load(self, scores: np.ndarray, tokens: np.ndarray, parents: np.ndarray) -> None:
-        """This round's candidates grown elsewhere (the draft tree graph, ``export/draft_tree.py``), in this grower's
+        """This round's candidates grown elsewhere (the draft tree graph, ``export/graphs/draft_tree.py``), in this
+        grower's
         generation order; arrays of at least ``top_k + depth * top_k^2`` entries, of which that many are read (a
         graph grown deeper than this tree serves it with its first levels). Then ``select`` as after growing."""
         n = len(self._levels)

@@ -1,4 +1,4 @@
-"""The draft tree graph (contract 5, export/draft_tree.py): a round's context pass and tree levels in one call.
+"""The draft tree graph (contract 5, export/graphs/draft_tree.py): a round's context pass and tree levels in one call.
 
 It must grow exactly the trees the step graph grows level by level with the host's ``TreeGrower`` (same candidates,
 same frontier choice, same verify tree, round after round), in one draft call per round, and fall back to the step
@@ -14,8 +14,8 @@ import torch
 from model_table import EAGLE3_MODELS
 
 from eagle_export import contract as C
-from eagle_export.export.draft_tree import DraftTree
-from eagle_export.export.loaders import load_draft_head, load_target
+from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
+from eagle_export.export.graphs.draft_tree import DraftTree
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tree_params import TreeParams

@@ -192,7 +192,7 @@ def test_build_a_quantized_artifact(models, rtx, tmp_path):
     docs/engines.md)."""
     from conftest import ENGINE_MODEL
 
-    from eagle_export.export.quantize_artifact import QuantizeOptions
+    from eagle_export.export.quantization.artifact import QuantizeOptions
 
     art = tmp_path / "art"
     shutil.copytree(models(**ENGINE_MODEL, quantize=QuantizeOptions(bits=4, draft=True))[2], art)

@@ -1,4 +1,4 @@
-"""The lean export path (export/weights.py) on tiny models pushed through it with lean_threshold_bytes=0:
+"""The lean export path (export/data/lean.py) on tiny models pushed through it with lean_threshold_bytes=0:
 the same graphs' values as the in-memory path, exactly the manifest's files, each graph on its own data file,
 each tensor stored once, and nothing left behind on success or when the export fails halfway."""
 

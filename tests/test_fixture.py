@@ -13,7 +13,7 @@ import torch
 from reference import Comparison, GreedyReference
 from safetensors.torch import load_file
 
-from eagle_export.export.loaders import load_draft_head, load_target
+from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import read_prompts
 from eagle_export.tools.commands.demo import FIXTURE, HEADS, fixture_tree

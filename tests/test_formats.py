@@ -2,8 +2,8 @@
 
 The heads are written by tools/testing/tiny_models from checkpoint-formats.md (not through the loader).
 ``DocHead`` below is each format's forward written in plain torch (float64) straight from the document: it reads
-the raw files with the format's own key names and config keys, and shares no code with export/modules.py or the loader.
-Per format and variant (tests/model_table.FORMAT_MODELS): the detected format and the feature layers (inputs of
+the raw files with the format's own key names and config keys, and shares no code with export/graphs/heads.py or the
+loader. Per format and variant (tests/model_table.FORMAT_MODELS): the detected format and the feature layers (inputs of
 target layers) in the manifest; the exported draft graph equals DocHead to 1e-4 over a context pass and three
 fed-back steps; greedy EAGLE equals transformers' generate (8 prompts x 64 tokens); where the checkpoint names
 its feature layers, the target graph's features are those layers and a one-layer shift of the ids changes the
@@ -30,7 +30,7 @@ from test_oracle import traced
 
 from eagle_export import contract as C
 from eagle_export.errors import CheckpointError
-from eagle_export.export.loaders import load_draft_head, load_target
+from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.oracle import EagleOracle, compare_with_oracle
@@ -76,7 +76,7 @@ class DocHead:
         self.norm_before_residual = flag("norm_before_residual", fmt == "speculators-eagle3")
         self.norm_output = flag("norm_output") or flag("return_hidden_post_norm")
         # ModelOpt's forward normalises the hidden stream with layers.0.input_layernorm before hidden_norm (section
-        # 8b: what the writer trained; export/readings.py applies it by default).
+        # 8b: what the writer trained; export/checkpoint/readings.py applies it by default).
         self.hidden_input_norm = fmt == "modelopt-eagle3"
         # speculators: the head's own sliding window (layer_types / sliding_window), in the layers it names.
         types = self.lc.get("layer_types") or []

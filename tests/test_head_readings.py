@@ -24,8 +24,8 @@ from test_oracle import traced
 from writer_heads import WriterForward
 
 from eagle_export.errors import CheckpointError
+from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
 from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.embedding import TokenEmbedding

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_run import fail, ok
 
-from eagle_export.export.hub import resolve_checkpoint
+from eagle_export.export.checkpoint.hub import resolve_checkpoint
 from eagle_export.manifest import load_manifest
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]
@@ -191,7 +191,7 @@ def _index(shards: list[str]) -> str:
                  {"config.json", "pytorch_model.bin.index.json", "a.bin", "b.bin"}, id="sharded-bin"),
 ])
 def test_online_fetches_the_one_set_of_weights_the_loaders_read(tmp_path, repo, fetched):
-    from eagle_export.export.hub import fetch_weights
+    from eagle_export.export.checkpoint.hub import fetch_weights
 
     remote = tmp_path / "remote"
     for rel, text in repo.items():

@@ -16,14 +16,14 @@ from model_table import EAGLE3_MODELS
 from safetensors.torch import load_file, save_file
 
 from eagle_export.errors import CheckpointError
-from eagle_export.export.embedding_table import OWN_TABLE_FILE
-from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.export.loaders import (
+from eagle_export.export.checkpoint.loaders import (
     load_draft_head,
     load_eagle1_head,
     load_target,
     read_draft_checkpoint,
 )
+from eagle_export.export.data.embedding_table import OWN_TABLE_FILE
+from eagle_export.export.exporter import ExportOptions, export_artifact
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.embedding import TokenEmbedding
@@ -323,12 +323,12 @@ def test_own_embedding_is_used(models):
 
 
 def test_sliding_window_layers_read_as_transformers_applies_them(tmp_path):
-    """Windows are exported (in the mask, export/families.py): each layer's plan is read as transformers applies
+    """Windows are exported (in the mask, export/graphs/families.py): each layer's plan is read as transformers applies
     it, Mistral's one window on every layer, Qwen2's from max_window_layers on; the fused graph is left out where
     a window is narrower than its cache (a wider one is full attention there). Catches a window read for the wrong
     layers, or a fused graph kept without the window."""
     from eagle_export.export.exporter import fused_unsupported
-    from eagle_export.export.families import SLIDING, layer_plans, windowed
+    from eagle_export.export.graphs.families import SLIDING, layer_plans, windowed
 
     t = load_target(make_tiny_target(tmp_path / "m", "mistral", with_tokenizer=False, vocab_size=48,
                                      sliding_window=32))

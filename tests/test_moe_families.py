@@ -1,4 +1,5 @@
-"""Qwen3-MoE, gpt-oss and Llama 4 text targets (export/families.py), tiny random models with the published configs'
+"""Qwen3-MoE, gpt-oss and Llama 4 text targets (export/graphs/families.py), tiny random models with the published
+configs'
 structure (tools/testing/tiny_models presets): greedy EAGLE on ONNX Runtime equals transformers' greedy generate,
 with prompts of 3-5x gpt-oss's sliding window and Llama 4's attention chunk; routed experts touch only the selected
 experts, which hold every one the call's tokens picked (TopK in the standard graph, which TensorRT-RTX builds and
@@ -21,8 +22,8 @@ from reference import Comparison, GreedyReference
 from eagle_export import contract as C
 from eagle_export.engines.builder import BuildOptions, build_engines
 from eagle_export.errors import CheckpointError
-from eagle_export.export.families import STATIC, UNION, layer_mlp, moe_forward, moe_kind, select_experts
-from eagle_export.export.loaders import load_target
+from eagle_export.export.checkpoint.loaders import load_target
+from eagle_export.export.graphs.families import STATIC, UNION, layer_mlp, moe_forward, moe_kind, select_experts
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.testing.tiny_models import make_tiny_target

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from eagle_export.errors import EagleExportError
+from eagle_export.export.data.out_dir import OutputLock, lock_path, publish
 from eagle_export.export.exporter import ExportOptions, export_artifact
-from eagle_export.export.out_dir import OutputLock, lock_path, publish
 from eagle_export.manifest import MANIFEST_NAME, load_manifest
 
 OPTS = dict(max_seq_len=32)

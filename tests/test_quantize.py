@@ -1,4 +1,4 @@
-"""Weight-only int4/int8 quantization (export/quantize.py): the MatMulNBits layout ONNX Runtime reads, the
+"""Weight-only int4/int8 quantization (export/quantization/matmuls.py): the MatMulNBits layout ONNX Runtime reads, the
 DequantizeLinear form, the error bound, the graph pass on a real exported target, and TensorRT-RTX's build of it.
 
 Parity reference: ``x @ W'`` with W' the dequantized weights quantize_weight returns (what a correct kernel
@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from eagle_export import contract as C
-from eagle_export.export.quantize import (
+from eagle_export.export.quantization.matmuls import (
     MatMulSite,
     QuantizeError,
     pack_along_last,
@@ -436,7 +436,7 @@ def test_external_weights_of_a_saved_graph(tmp_path):
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 def test_chunked_columns_equal_one_pass(monkeypatch, symmetric):
     """Large weights are quantized a few columns at a time (bounded memory): the result is the same arrays."""
-    from eagle_export.export import quantize as Q
+    from eagle_export.export.quantization import matmuls as Q
 
     w = _weight(96, 37, np.float32, seed=5)
     whole = quantize_weight(w, 4, 32, symmetric)

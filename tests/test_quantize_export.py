@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from eagle_export import contract as C
 from eagle_export.cli import main
 from eagle_export.errors import EagleExportError, EngineError
-from eagle_export.export.quantize_artifact import QuantizeOptions
+from eagle_export.export.quantization.artifact import QuantizeOptions
 from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import peer as pog
@@ -165,7 +165,7 @@ def test_validate_quantized_artifact(int4):
 
 def test_drift_of_the_float_model_is_zero(models):
     """The drift measure itself: the float artifact against its own float model agrees everywhere."""
-    from eagle_export.export.loaders import load_target
+    from eagle_export.export.checkpoint.loaders import load_target
     from eagle_export.tools.commands.validate.quant import QuantReport, measure_drift
 
     art = models(**SMALL)[2]
@@ -225,13 +225,13 @@ def _fold_concats_in_memory(model: onnx.ModelProto) -> None:
 @pytest.mark.parametrize("draft", [True, False], ids=["with-draft", "target-only"])
 def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
     """`export --quantize` streams each weight to its graph's new data file and re-points the float tensors a graph
-    keeps at their new offsets (export/quantize_artifact.py). Every graph it leaves holds the same nodes and, tensor
+    keeps at their new offsets (export/quantization/artifact.py). Every graph it leaves holds the same nodes and, tensor
     by tensor, the same bytes as the graph pass run in memory on the float graph (quantize_matmuls, the packed QKV
     concatenated whole); the graphs it does not quantize read the same float bytes as before."""
     import shutil
 
-    from eagle_export.export.quantize import quantize_matmuls, skip_lm_head
-    from eagle_export.export.quantize_artifact import inline_identity_weights, quantize_artifact_graphs
+    from eagle_export.export.quantization.artifact import inline_identity_weights, quantize_artifact_graphs
+    from eagle_export.export.quantization.matmuls import quantize_matmuls, skip_lm_head
 
     float_art = models(**SMALL)[2]
     work = tmp_path / "art"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_export.export.loaders import default_feature_layers, load_draft_head, load_target
+from eagle_export.export.checkpoint.loaders import default_feature_layers, load_draft_head, load_target
 from eagle_export.tools.recipe.train_heads import _draft_vocab, chain_figures, ttt_forward
 from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 

@@ -11,7 +11,7 @@ import torch
 
 from eagle_export import contract as C
 from eagle_export.export.exporter import ExportOptions, export_with_report
-from eagle_export.export.quantize_artifact import QuantizeOptions
+from eagle_export.export.quantization.artifact import QuantizeOptions
 from eagle_export.manifest import load_manifest
 
 

@@ -228,7 +228,7 @@ def _rss() -> tuple[int, int]:
 def child_export(target: str, draft: str, out: str, dtype: str, feature_layers: list[int] | None = None,
                  quantize: str | None = None) -> dict:
     from eagle_export.export.exporter import ExportOptions, export_with_report
-    from eagle_export.export.quantize_artifact import QuantizeOptions
+    from eagle_export.export.quantization.artifact import QuantizeOptions
 
     quant = None if quantize is None else QuantizeOptions(bits=int(quantize.removeprefix("int")))
     opts = ExportOptions(dtype=dtype, max_seq_len=2048, overwrite=True, feature_layers=feature_layers, quantize=quant)

@@ -198,7 +198,7 @@ class Measurement:
 def measure(shape: Shape, rows: list[int], reps: int, workdir: Path, threads: int = 0) -> Measurement:
     """Write the data file and both graphs into a fresh directory under ``workdir``, time and measure both
     sessions (see the module docstring), and remove the directory again, whatever happens."""
-    from eagle_export.export.datafile import ALIGN_LARGE  # the exporter's alignment for large tensors
+    from eagle_export.export.data.datafile import ALIGN_LARGE  # the exporter's alignment for large tensors
 
     offset = ALIGN_LARGE  # W is not the first tensor in a real data file; any ALIGN_LARGE multiple is the same
     tmp = Path(tempfile.mkdtemp(prefix="lm_head_share_", dir=workdir))

@@ -1,5 +1,5 @@
-"""MoE cost benchmark: a target step's cost with routed experts (export/families.py: the selected experts gathered
-by index) against the same layers made dense at the active experts' width, and dense at all experts' width.
+"""MoE cost benchmark: a target step's cost with routed experts (export/graphs/families.py: the selected experts
+gathered by index) against the same layers made dense at the active experts' width, and dense at all experts' width.
 
     python tools/lab/moe_cost.py [--shapes qwen3-30b-a3b,gpt-oss-20b] [--layers 1] [--widths 1,4,16,32]
                                           [--variants moe,union,active,all]
@@ -70,8 +70,8 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
 
     from eagle_export import contract as C
     from eagle_export.export.exporter import _export_graph
-    from eagle_export.export.families import STATIC, UNION
-    from eagle_export.export.modules import TargetVerify
+    from eagle_export.export.graphs.families import STATIC, UNION
+    from eagle_export.export.graphs.heads import TargetVerify
 
     cfg = dict(SHAPES[shape])
     mt = cfg.pop("model_type")

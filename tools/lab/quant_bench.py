@@ -6,7 +6,8 @@ Why: a 13-token EAGLE verify should cost no more than 2x a 1-token step on the q
 which kernel MatMulNBits takes depends on bits, block size and accuracy_level (0/1: float A, dequantized weights;
 4: A quantized to int8 per block, integer dot products). This program times each setting on Llama-3.2-1B's
 projection shapes (K=2048 -> N=2048 (q, o), 512 (k, v), 8192 (gate, up); K=8192 -> N=2048 (down)) at each row
-count M, one single-node graph per shape and setting (built with export/quantize.py), with ``intra_op_num_threads``
+count M, one single-node graph per shape and setting (built with export/quantization/matmuls.py), with
+``intra_op_num_threads``
 threads. Every repeat visits every (shape, M, setting) once, in turn (interleaved); a visit times single calls for
 ``--budget-ms`` and keeps their minimum (``--per-visit median`` for their median), and the figures are medians of
 those over repeats. The minimum is the default because on a shared machine a call that lost its cores (two spinning
@@ -29,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from eagle_export.export.quantize import quantize_matmuls
+from eagle_export.export.quantization.matmuls import quantize_matmuls
 
 LLAMA_1B_SHAPES = ((2048, 2048), (2048, 512), (2048, 8192), (8192, 2048))
 # (K, N) -> how many of that projection one Llama-3.2-1B decoder layer has (q+o, k+v, gate+up, down).

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from eagle_export.export.modules import apply_rope, rope_tables
+from eagle_export.export.graphs.heads import apply_rope, rope_tables
 
 from .fixture_data import greedy_continue, target_features
 
@@ -73,7 +73,7 @@ class HeadData:
 
 
 def _load_target(work: Path):
-    from eagle_export.export.loaders import load_target
+    from eagle_export.export.checkpoint.loaders import load_target
 
     t = load_target(work / "target", progress=False)
     for p in t.model.parameters():
@@ -82,7 +82,7 @@ def _load_target(work: Path):
 
 
 def make_head_data(work: Path, r: HeadRecipe, log=print) -> HeadData:
-    from eagle_export.export.loaders import default_feature_layers
+    from eagle_export.export.checkpoint.loaders import default_feature_layers
 
     t0 = time.perf_counter()
     target = _load_target(work)
@@ -165,7 +165,7 @@ def _init_head(work: Path, variant: str, target, draft_ids: torch.Tensor | None,
     """A fresh head written in the published layout by tiny_models, then loaded through the real loader."""
     from safetensors.torch import load_file
 
-    from eagle_export.export.loaders import load_draft_head
+    from eagle_export.export.checkpoint.loaders import load_draft_head
     from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, write_head
 
     out = work / variant

@@ -102,9 +102,14 @@ def validate(artifact: str | Path, backend: str = "ort", prompts: int = 8, max_n
 def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, threads, log,
               prompt_specs=None, scratch: Path | None = None, against_library: bool = False) -> ValidationReport:
     from eagle_export.errors import CheckpointError
-    from eagle_export.export.draft_tree import DraftTree
-    from eagle_export.export.loaders import detect_variant, load_draft_head, load_target, read_draft_checkpoint
-    from eagle_export.export.modules import DraftStep, TargetVerify
+    from eagle_export.export.checkpoint.loaders import (
+        detect_variant,
+        load_draft_head,
+        load_target,
+        read_draft_checkpoint,
+    )
+    from eagle_export.export.graphs.draft_tree import DraftTree
+    from eagle_export.export.graphs.heads import DraftStep, TargetVerify
     from eagle_export.prompts import PromptFileError, prompt_ids
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.oracle import EagleOracle

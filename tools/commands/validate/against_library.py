@@ -114,8 +114,8 @@ class ModelOptForward(LibraryForward):
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-        from eagle_export.export.loaders import read_draft_checkpoint
-        from eagle_export.export.readings import _is_modelopt_override, _theta
+        from eagle_export.export.checkpoint.loaders import read_draft_checkpoint
+        from eagle_export.export.checkpoint.readings import _is_modelopt_override, _theta
 
         self.version = _version("nvidia-modelopt")
         ckpt = read_draft_checkpoint(draft_dir)
@@ -173,7 +173,7 @@ class SpecForgeForward(LibraryForward):
                                      "sglang: `pip install --no-deps specforge==0.2.0` runs its modules here") from None
         from transformers import LlamaConfig
 
-        from eagle_export.export.loaders import read_draft_checkpoint
+        from eagle_export.export.checkpoint.loaders import read_draft_checkpoint
 
         self.version = _version("specforge")
         ckpt = read_draft_checkpoint(draft_dir)
@@ -214,7 +214,7 @@ class EagleLlmForward(LibraryForward):
                                      "here") from None
         from safetensors.torch import load_file
 
-        from eagle_export.export.loaders import read_draft_checkpoint
+        from eagle_export.export.checkpoint.loaders import read_draft_checkpoint
 
         self.version = _version("eagle-llm")
         ckpt = read_draft_checkpoint(draft_dir)

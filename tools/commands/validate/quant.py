@@ -1,8 +1,8 @@
 """`validate` on a quantized artifact (`export --quantize`): what changes, and the drift report.
 
 - **Parity** is checked against a PyTorch model holding the dequantized weights ``W' = (q - zp) * scale``, rebuilt
-  here from the float checkpoint with the exporter's own quantizer (``export/quantize.py``), so a graph whose
-  stored codes or scales are wrong fails. ONNX Runtime's fast int4 kernel (accuracy level 4) quantizes activations
+  here from the float checkpoint with the exporter's own quantizer (``export/quantization/matmuls.py``), so a graph
+  whose stored codes or scales are wrong fails. ONNX Runtime's fast int4 kernel (accuracy level 4) quantizes activations
   to int8, which is not exact against ``W'``; the parity checks therefore run on a *parity copy* of the artifact
   (its files hard-linked, each MatMulNBits and the manifest's level set to ``PARITY_LEVEL``, float compute), with
   the same tolerances as a float artifact.
@@ -110,7 +110,7 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
     ``q.draft`` also both lm_heads and the draft head's). A tied lm_head is untied (the embedding stays float, as
     in the artifact). Raises when the count differs from the manifest's (a model this rebuild does not cover)."""
     from eagle_export.dtypes import DTYPES
-    from eagle_export.export.quantize import quantize_weight
+    from eagle_export.export.quantization.matmuls import quantize_weight
 
     np_dtype = DTYPES[dtype].numpy
     done: dict[int, torch.Tensor] = {}

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .families import UNION, mlp_forward
-from .modules import MASK_MIN, target_outputs
+from eagle_export.export.graphs.families import UNION, mlp_forward
+from eagle_export.export.graphs.heads import MASK_MIN, target_outputs
 
 MS = "com.microsoft"
 

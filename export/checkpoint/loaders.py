@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from eagle_export.errors import CheckpointError
-
-from .formats import (
+from eagle_export.export.checkpoint.formats import (
     BY_NAME,
     EAGLE1,
     EAGLE3,
@@ -31,13 +30,13 @@ log = logging.getLogger(__name__)
 # model_type -> the class transformers builds. Every family here has the Llama decoder-layer shape
 # (input_layernorm, self_attn with q/k/v/o projections, post_attention_layernorm, an MLP) that
 # TargetVerify traces; Qwen2's q/k/v biases come with its Linear modules, Qwen3's per-head q/k norms are
-# applied by tree_attention, the rest (experts, windows, sinks, Llama 4's layers) by export/families.py.
+# applied by tree_attention, the rest (experts, windows, sinks, Llama 4's layers) by export/graphs/families.py.
 SUPPORTED_TARGETS = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
-    # Routed experts, windows, sinks, NoPE/chunked layers: export/families.py.
+    # Routed experts, windows, sinks, NoPE/chunked layers: export/graphs/families.py.
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
@@ -117,7 +116,7 @@ def load_target(path: str | Path, dtype: torch.dtype = torch.float32, progress: 
     """Load a target LLM from a Hugging Face directory (config.json + safetensors).
 
     weights=False builds the model on the meta device from its config (no weight memory; the lean export
-    reads the checkpoint tensor by tensor later, export/weights.py).
+    reads the checkpoint tensor by tensor later, export/data/lean.py).
     """
     path = Path(path)
     if not path.is_dir():
@@ -456,10 +455,10 @@ class LoadedDraft:
     d2t_identity: bool
     fc_bias: bool
     own_embedding: bool
-    format: str = ""  # the detected checkpoint format (export/formats.py)
+    format: str = ""  # the detected checkpoint format (export/checkpoint/formats.py)
     options: HeadOptions | None = None
     feature_layers_source: str | None = None
-    reading: str = "config"  # how the head was read (export/readings.py): config, or a writer's reading
+    reading: str = "config"  # how the head was read (export/checkpoint/readings.py): config, or a writer's reading
     notice: str | None = None  # the one line that says what was assumed about the writer, if anything
 
 
@@ -523,11 +522,11 @@ def load_draft_head(path: str | Path, target: LoadedTarget, feature_layers: list
 
     feature_layers: EAGLE-3 only; inputs of the target layers the head reads (default: the checkpoint's ids,
     converted from its convention, else its format's default).
-    reading: ``--head-reading`` (export/readings.py): auto (the writer's reading where the files name the writer),
-    config, or a writer's reading forced.
+    reading: ``--head-reading`` (export/checkpoint/readings.py): auto (the writer's reading where the files name the
+    writer), config, or a writer's reading forced.
     """
-    from .modules import Eagle1Head, Eagle3Head
-    from .readings import apply_reading, choose_reading
+    from eagle_export.export.checkpoint.readings import apply_reading, choose_reading
+    from eagle_export.export.graphs.heads import Eagle1Head, Eagle3Head
 
     ckpt = read_draft_checkpoint(path)
     fmt, desc = describe_draft(ckpt)

@@ -311,7 +311,7 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     the new tensors are stored inline, so the caller saves the model with external data when it is large).
     load: reads a weight initializer's values instead (base_dir unused); store: called on each new initializer
     before it joins the graph (e.g. moving its bytes to a data file), so no graph's quantized tensors are ever all
-    in memory at once (export/quantize_artifact.py streams them so).
+    in memory at once (export/quantization/artifact.py streams them so).
     """
     check_settings(bits, block_size, accuracy_level, form)
     graph = model.graph

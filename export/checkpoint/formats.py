@@ -5,7 +5,7 @@ math options) and which convention its feature-layer ids use.
 The specification is ``shared/docs/checkpoint-formats.md`` (summarised in ``docs/formats.md``). Adding a format
 means adding one ``HeadFormat`` subclass to ``FORMATS``; nothing else branches on the format.
 
-Canonical names (what ``export/modules.py`` loads):
+Canonical names (what ``export/graphs/heads.py`` loads):
 
 - EAGLE-1/2: ``fc.*``, ``layers.{i}.*`` (layer 0 without ``input_layernorm``), optional ``embed_tokens.weight``
   and the HASS norms ``embed_layernorm.weight``, ``hidden_layernorm.weight``, ``lm_head_layernorm.weight``.
@@ -62,7 +62,7 @@ class HeadOptions:
     norm_before_fc: bool = False  # EAGLE-3: one RMSNorm over the k*T feature vector (input_norm)
     fc_norm: bool = False  # EAGLE-3: one RMSNorm per T-wide feature chunk (fc_norm.{i})
     norm_output: bool = False  # EAGLE-3.1: feed norm(g) back instead of g
-    # Readings of particular writers (export/readings.py sets them; the config alone never does):
+    # Readings of particular writers (export/checkpoint/readings.py sets them; the config alone never does):
     hidden_input_norm: bool = False  # ModelOpt: hidden stream = hidden_norm(input_layernorm(z)) in the first layer
     final_norm: bool = True  # SpecForge 0.2.0 norm_output false: logits = lm_head(g), no final norm
     # The head's own sliding window (speculators layer_types / sliding_window): keys at distance >= window are

@@ -21,8 +21,7 @@ import onnx
 import torch
 
 from eagle_export.errors import CheckpointError
-
-from .datafile import DataWriter, set_external
+from eagle_export.export.data.datafile import DataWriter, set_external
 
 ONNX_TYPES = {
     torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,

@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eagle_export.errors import CheckpointError
-
-from .formats import HeadDescription
+from eagle_export.export.checkpoint.formats import HeadDescription
 
 AUTO, CONFIG = "auto", "config"
 MODELOPT, SPECFORGE_020, EAGLE_LLM_121 = "modelopt", "specforge-0.2", "eagle-llm-1.2"
@@ -94,7 +93,7 @@ def _default_rope(lc: dict, theta: float) -> None:
 
 def _modelopt_marker(cfg: dict) -> str:
     ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    from .formats import ModelOptEagle3
+    from eagle_export.export.checkpoint.formats import ModelOptEagle3
 
     found = [m for m in ModelOptEagle3.MARKERS if m in ec]
     return f"eagle_config.{found[0]}" if found else "ModelOpt key names"

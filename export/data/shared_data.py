@@ -1,8 +1,8 @@
 """Two graphs of one artifact that hold the same weights store them once: the fused target graph's initializers
 that are byte-for-byte the standard graph's point into the standard graph's data file.
 
-Both target graphs are traced from the same weights (``export/fused.py`` reuses the model's own ``nn.Linear``s and
-embedding), so every matrix is stored identically by both; only the fused graph's own tensors (its rotary caches,
+Both target graphs are traced from the same weights (``export/graphs/fused.py`` reuses the model's own ``nn.Linear``s
+and embedding), so every matrix is stored identically by both; only the fused graph's own tensors (its rotary caches,
 anything laid out differently) stay in its data file. Matching is by content (length, then a hash of the bytes), so
 it holds whichever path wrote the graphs (torch.onnx's constant folding or the lean path's streaming).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from .datafile import DataWriter, Files, external, set_external
+from eagle_export.export.data.datafile import DataWriter, Files, external, set_external
 
 
 def _digest(files: Files, location: str, offset: int, length: int) -> bytes:
@@ -39,7 +39,7 @@ def _index(graph: onnx.ModelProto, files: Files) -> dict[tuple[int, bytes], tupl
 def share_weights(graph_path: Path, other_graph: Path) -> int:
     """Point every external initializer of ``graph_path`` whose bytes equal one of ``other_graph``'s at that one;
     rewrite ``graph_path``'s own data file with the rest. Both graphs lie in the same directory. Returns the bytes
-    the graph's own data file keeps. Files are read a chunk at a time (export/datafile.py: no memory maps)."""
+    the graph's own data file keeps. Files are read a chunk at a time (export/data/datafile.py: no memory maps)."""
     directory = graph_path.parent
     model = onnx.load(str(graph_path), load_external_data=False)
     own = graph_path.name + ".data"

@@ -10,7 +10,7 @@ Runs on a finished (float) export directory before its manifest is written, and 
 - the fused target graph (ONNX Runtime only) in the ``nbits`` form (``MatMulNBits`` written directly), its packed
   QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart).
 
-Streamed: each weight is read (plain file reads, no memory maps: export/datafile.py), quantized and appended to
+Streamed: each weight is read (plain file reads, no memory maps: export/data/datafile.py), quantized and appended to
 its graph's new data file before the next one is read, so memory holds one float weight and its quantized form,
 never a graph's worth (the fused graph's packed QKV is concatenated one layer at a time, when it is quantized). The
 float tensors a graph keeps (the embedding, norms, an unquantized lm_head) still point where the float export put
@@ -30,10 +30,16 @@ import onnx
 from onnx import TensorProto
 
 from eagle_export import contract as C
+from eagle_export.export.data.datafile import DataWriter, Files, external, set_external
+from eagle_export.export.quantization.matmuls import (
+    ACCURACY_LEVELS,
+    BITS,
+    MatMulSite,
+    QuantizeError,
+    check_settings,
+    quantize_matmuls,
+)
 from eagle_export.manifest import QuantizationInfo
-
-from .datafile import DataWriter, Files, external, set_external
-from .quantize import ACCURACY_LEVELS, BITS, MatMulSite, QuantizeError, check_settings, quantize_matmuls
 
 INLINE_MAX = 1024  # initializers up to this many bytes stay inside the .onnx file, as the exporter leaves them
 # Block 32, symmetric: what the peer's int4 builder uses, and what TensorRT-RTX builds. The accuracy level is

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .families import (
+from eagle_export.export.graphs.families import (
     STATIC,
     LayerPlan,
     key_positions,
