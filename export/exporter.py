@@ -1,4 +1,10 @@
-"""`eagle-export export`: trace the target verify graph and the draft step graph to ONNX, write an artifact."""
+"""`eagle-export export`: trace the target verify graph and the draft step graph (and, for ONNX Runtime, the fused
+target graph and the draft tree graph) to ONNX, and write an artifact.
+
+The decisions (capacity, specs, axis ranges, which graphs) are ``plan.py``'s; this module carries them out in
+steps under the output folder's lock: load and check the checkpoints (``_load``), trace each graph
+(``_trace_graphs``), quantize (``export/quantization``), write the tokenizer and the manifest (``_write_manifest``),
+and publish the folder atomically (``export/data/out_dir.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -18,7 +24,7 @@ from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
-from eagle_export.export.checkpoint.loaders import LoadedTarget, load_draft_head, load_target
+from eagle_export.export.checkpoint.loaders import LoadedDraft, LoadedTarget, load_draft_head, load_target
 from eagle_export.export.data.embedding_table import locate_target_embedding, write_own_table
 from eagle_export.export.data.lean import (
     MemoryTensor,
@@ -39,11 +45,18 @@ from eagle_export.export.data.out_dir import (
 )
 from eagle_export.export.data.shared_data import share_weights
 from eagle_export.export.graphs.draft_tree import DraftTree
-from eagle_export.export.graphs.families import layer_plans, windowed
 from eagle_export.export.graphs.fused import FusedTargetVerify, pack_qkv, rope_cache
-from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+from eagle_export.export.graphs.heads import DraftStep
+from eagle_export.export.graphs.target import TargetVerify
+from eagle_export.export.plan import (
+    ExportPlan,
+    check_head_window,
+    default_max_seq_len,
+    make_plan,
+    target_capacity,
+)
 from eagle_export.export.quantization.artifact import QuantizeOptions, quantize_artifact_graphs
-from eagle_export.manifest import MANIFEST_NAME, DraftInfo, GraphEntry, Manifest, TableRef, TargetInfo
+from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo, TableRef
 from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
@@ -52,7 +65,6 @@ log = logging.getLogger(__name__)
 # bf16 graphs build and run on TensorRT; ONNX Runtime's CPU provider has no bf16 kernels (MatMul), so the
 # ort backend refuses them.
 OPSET = 17
-DEFAULT_MAX_SEQ_LEN = 2048
 # Targets whose weight files reach this size take the lean path (export/data/lean.py: traced on the meta device,
 # the checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with
 # their weights, as before; both paths give the same graphs' values (tests/test_export_lean.py).
@@ -81,28 +93,6 @@ class ExportOptions:
     head_reading: str = "auto"
     # Weight-only int4/int8 quantization of the MatMul weights (export/quantization/artifact.py); None: float weights.
     quantize: QuantizeOptions | None = None
-
-
-def fused_unsupported(head_dim: int, dtype_name: str, model: torch.nn.Module | None = None,
-                      reach: int | None = None) -> str | None:
-    """Why the fused target graph cannot serve this target (None: it can). ONNX Runtime's CPU GroupQueryAttention
-    takes float32/float16 and head sizes that are multiples of 16, half-split rotary on every layer, no learned
-    sinks, and no window or chunk narrower than the cache's ``reach`` (rows); other targets run the standard graph."""
-    if dtype_name not in ("float32", "float16"):
-        return f"{dtype_name} (ONNX Runtime runs float32 and float16 only)"
-    if head_dim % C.FUSED_HEAD_DIM_MULTIPLE:
-        return f"head_dim {head_dim} (GroupQueryAttention takes multiples of {C.FUSED_HEAD_DIM_MULTIPLE})"
-    if model is None:
-        return None
-    plans = layer_plans(model.config)
-    if any(p.rope != "half" or p.qk_l2_eps is not None or p.temperature is not None for p in plans):
-        return "NoPE layers, interleaved rotary, QK L2 norm or attention temperature (Llama 4)"
-    if any(getattr(layer.self_attn, "sinks", None) is not None for layer in model.model.layers):
-        return "learned attention sinks"
-    narrow = windowed(plans, reach or 0)
-    if narrow:
-        return f"sliding-window or chunked attention narrower than the cache on layers {narrow[:8]}"
-    return None
 
 
 @dataclass
@@ -194,44 +184,6 @@ def _pin_io_shapes(model: onnx.ModelProto, spec: C.GraphSpec) -> None:
                 d.dim_value = want
 
 
-def target_info(t: LoadedTarget, feature_dim: int, feature_layers: list[int] | None = None) -> TargetInfo:
-    c = t.config
-    heads = c.num_attention_heads
-    return TargetInfo(
-        model_type=c.model_type, architecture=type(t.model).__name__, num_layers=c.num_hidden_layers,
-        hidden_size=c.hidden_size, num_heads=heads, kv_heads=c.num_key_value_heads or heads,
-        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
-        feature_dim=feature_dim, feature_layers=feature_layers, max_position_embeddings=c.max_position_embeddings,
-        eos_token_ids=t.eos_token_ids, bos_token_id=t.bos_token_id, source=str(t.path.resolve()),
-    )
-
-
-def check_head_window(draft, max_depth: int) -> None:
-    """The draft graph masks keys by their cache column, which is the position of every context row and at or past the
-    position of every tree row (the tree's own rows lie within max_depth - 1 positions of each other): the window is
-    exact when it is at least --max-depth."""
-    w = draft.options.sliding_window
-    if w and w < max_depth:
-        raise CheckpointError(
-            f"draft: {draft.ckpt.path} has sliding_window {w} on layers {draft.options.sliding_layers}, smaller than "
-            f"--max-depth {max_depth}: the draft graph implements windows of at least the tree depth; export with "
-            f"--max-depth {w} or less")
-
-
-def default_max_seq_len(target_default: int, head_positions: int | None, max_depth: int) -> int:
-    """The capacity without --max-seq-len: ``target_default`` (min(2048, the target's max_position_embeddings)),
-    lowered so that the draft's positions (up to capacity + max_depth) stay inside the head's trained range, as
-    the draft position warning advises; kept when the head's range is unknown or too small to lower to."""
-    if head_positions is None or head_positions - max_depth < 2:
-        return target_default
-    seq = min(target_default, head_positions - max_depth)
-    if seq < target_default:
-        log.info("capacity %d (the head's max_position_embeddings %d minus --max-depth %d): every draft position "
-                 "stays in the head's trained range; pass --max-seq-len to choose another", seq, head_positions,
-                 max_depth)
-    return seq
-
-
 def export_artifact(target_dir: str | Path, draft_dir: str | Path, out_dir: str | Path,
                     options: ExportOptions | None = None, progress: bool = True) -> Path:
     """Load, check, trace both graphs and write one artifact directory, atomically (temp dir, then rename)."""
@@ -285,6 +237,8 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
 
 def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions, progress: bool,
                    t_start: float) -> ExportReport:
+    """The export's steps, under the output lock: load and check, plan, trace each graph into a partial folder,
+    quantize, write the tokenizer and the manifest, publish."""
     if os.path.lexists(out_dir):
         if not options.overwrite:
             raise EagleExportError(f"{out_dir} already exists (pass --overwrite to replace it)")
@@ -292,168 +246,25 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
     dtype_name = EXPORT_DTYPES[options.dtype]
     dtype = torch_dtype(dtype_name)
     steps = progress_bar(7 + (options.quantize is not None), "export", "step", progress)
-
-    steps.set_postfix_str("loading target")
-    tdir = Path(target_dir)
-    lean = (tdir.is_dir() and any(tdir.glob("*.safetensors"))
-            and checkpoint_bytes(tdir) >= options.lean_threshold_bytes)
-    target = load_target(target_dir, dtype=dtype if lean else torch.float32, progress=terminal_bars(progress),
-                         weights=not lean)
-    seq = options.max_seq_len
-    if seq is None:
-        seq = min(DEFAULT_MAX_SEQ_LEN, target.config.max_position_embeddings)
-    if seq > target.config.max_position_embeddings:
-        raise CheckpointError(
-            f"--max-seq-len {seq} exceeds the target's max_position_embeddings "
-            f"{target.config.max_position_embeddings}"
-        )
-    if not target.tokenizer_files:
-        log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
-    steps.update()
-    steps.set_postfix_str("loading draft")
-    draft = load_draft_head(draft_dir, target, options.feature_layers, options.head_reading)
-    head, dcfg = draft.head, draft.config
-    check_head_window(draft, options.limits.max_depth)
-    if options.max_seq_len is None:
-        seq = default_max_seq_len(seq, dcfg.max_position_embeddings, options.limits.max_depth)
-    if options.limits.max_top_k > draft.vocab_size:
-        raise CheckpointError(
-            f"--max-top-k {options.limits.max_top_k} exceeds the draft vocabulary of {draft.vocab_size} tokens"
-        )
-    target.model.to(dtype)
-    head.to(dtype)
-    sources = _lean_sources(target, dtype) if lean else None  # after .to(dtype): it replaces cast buffers
-    weights_bytes = _unique_param_bytes([target.model, head], dtype)
-    steps.update()
-
-    tinfo = target_info(target, feature_dim=draft.feature_dim, feature_layers=draft.feature_layers)
-    dheads = dcfg.num_attention_heads
-    dinfo = DraftInfo(
-        hidden_size=dcfg.hidden_size, num_heads=dheads, kv_heads=dcfg.num_key_value_heads or dheads,
-        head_dim=getattr(dcfg, "head_dim", None) or dcfg.hidden_size // dheads,
-        feature_dim=draft.feature_dim, vocab_size=draft.vocab_size, d2t_identity=draft.d2t_identity,
-        max_position_embeddings=dcfg.max_position_embeddings, fc_bias=draft.fc_bias,
-        own_embedding=draft.own_embedding, source=str(Path(draft_dir).resolve()),
-        format=draft.format, num_layers=draft.options.num_layers, options=asdict(draft.options),
-        feature_layers_source=draft.feature_layers_source, reading=draft.reading,
-    )
-    tspec = C.target_verify_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
-                                 vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
-    dspec = C.draft_step_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                              feature_dim=dinfo.feature_dim, top_k=options.limits.max_top_k, dtype=dtype_name,
-                              num_layers=dinfo.num_layers)
-    lim = options.limits
-    verify_rows = lim.max_verify_tokens
-    t_new = max(seq, verify_rows)
-    d_new = max(seq, lim.max_top_k, lim.max_context_rows)
-    d_past = seq + lim.max_draft_rows
-    target_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.PAST_LEN: [0, seq - 1],
-                   C.TOTAL_LEN: [1, seq - 1 + t_new], C.LOGIT_ROWS: [1, verify_rows]}
-    draft_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.FEATURE_ROWS: [0, d_new],
-                  C.HIDDEN_ROWS: [0, lim.max_top_k], C.PAST_LEN: [0, d_past], C.TOTAL_LEN: [1, d_past + d_new]}
-    # The fused graph's caches are whole buffers of a sequence's rows: the committed context plus a verify tree.
-    kv_rows = seq + verify_rows
-    fused_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, t_new], C.TOTAL_LEN: [1, kv_rows],
-                  C.LOGIT_ROWS: [1, verify_rows], C.CAPACITY: [kv_rows, kv_rows]}
-    why_not = (fused_unsupported(tinfo.head_dim, dtype_name, target.model, kv_rows) if options.fused
-               else "not asked for (--no-fused)")
-    if why_not is not None and options.fused:
-        log.info("no fused target graph for this target: %s; ONNX Runtime runs the standard graph", why_not)
-    fspec = C.target_fused_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
-                                vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
-    tree = options.tree
-    xspec = C.draft_tree_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                              feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=tree.top_k,
-                              tree_depth=tree.depth, dtype=dtype_name, num_layers=dinfo.num_layers)
-    n_cand = tree.max_candidates
-    tree_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
-                 C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [tree.top_k, tree.top_k],
-                 C.TREE_DEPTH: [tree.depth, tree.depth], C.TREE_CANDIDATES: [n_cand, n_cand]}
-    draft_positions = seq + lim.max_depth
-    if draft_positions > dinfo.max_position_embeddings:
-        log.warning(
-            "the draft head's max_position_embeddings is %d but with --max-seq-len %d its positions reach %d: "
-            "acceptance may drop past position %d (the head was not trained there); output stays lossless, and a "
-            "generation that gets there reports it (stats.draft_beyond_position_limit)",
-            dinfo.max_position_embeddings, seq, draft_positions, dinfo.max_position_embeddings,
-        )
-
+    loaded = _load(target_dir, draft_dir, options, dtype, progress, steps)
+    plan = make_plan(loaded.target, loaded.draft, draft_dir, dtype_name=dtype_name, seq=loaded.seq,
+                     limits=options.limits, tree=options.tree, max_batch=options.max_batch, fused=options.fused,
+                     draft_tree=options.draft_tree)
     tmp = make_partial(out_dir)
     wbar = None
     try:
-        if lean:
+        if loaded.sources is not None:
             # Bytes written, redrawn on a terminal only (a line per tensor would flood a log).
-            wbar = tqdm(total=weights_bytes, desc="weights", disable=not terminal_bars(progress), unit="B",
+            wbar = tqdm(total=loaded.weights_bytes, desc="weights", disable=not terminal_bars(progress), unit="B",
                         unit_scale=True, unit_divisor=1024, leave=False)
-        with torch.no_grad():
-            steps.set_postfix_str("tracing target verify graph")
-            b, t, p = 2, 3, 5
-            ids, pos, mask = _dummy_common(b, t, p)
-            rows = torch.tensor([[0, 2]] * b, dtype=torch.long)
-            past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
-                    for _ in range(2 * tinfo.num_layers)]
-            _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past), tspec,
-                          tmp / f"{C.TARGET_GRAPH}.onnx", sources, wbar)
-            steps.update()
-            if why_not is None:
-                steps.set_postfix_str("tracing fused target graph")
-                _export_fused(target, draft.feature_layers, kv_rows, dtype, (ids, pos, mask, rows), fspec, tmp,
-                              sources)
-            else:
-                steps.set_postfix_str("no fused target graph")
-            steps.update()
-            steps.set_postfix_str("tracing draft step graph")
-            # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
-            embeds = torch.zeros(b, t, dinfo.hidden_size, dtype=dtype)
-            feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
-            hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
-            dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
-                     for _ in range(2 * dinfo.num_layers)]
-            _export_graph(DraftStep(head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
-                          dspec, tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
-            steps.update()
-            if options.draft_tree:
-                steps.set_postfix_str("tracing draft tree graph")
-                last_row = torch.tensor([t - 1, t - 2], dtype=torch.long)[:b]
-                feats_all = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
-                _export_draft_tree(DraftTree(head, lim.max_top_k, tree.top_k, tree.depth).eval(),
-                                   (embeds, feats_all, pos, mask, last_row, *dpast), xspec, tmp, sources)
-            else:
-                steps.set_postfix_str("no draft tree graph")
-            steps.update()
+        _trace_graphs(plan, loaded, options, dtype, tmp, steps, wbar)
         quantization = None
         if options.quantize is not None:
             steps.set_postfix_str(f"quantizing weights to int{options.quantize.bits}")
-            graphs = [C.TARGET_GRAPH, C.DRAFT_GRAPH] + ([C.TARGET_FUSED_GRAPH] if why_not is None else []) + (
-                [C.DRAFT_TREE_GRAPH] if options.draft_tree else [])
-            quantization = quantize_artifact_graphs(tmp, options.quantize, graphs)
+            quantization = quantize_artifact_graphs(tmp, options.quantize, list(plan.graphs()))
             steps.update()
-        table = _draft_table(tmp, target, head, sources, dtype)
         steps.set_postfix_str("writing tokenizer and manifest")
-        for f in target.tokenizer_files:
-            shutil.copy2(f, tmp / f.name)
-        gen_cfg = target.path / "generation_config.json"
-        if gen_cfg.is_file():
-            shutil.copy2(gen_cfg, tmp / gen_cfg.name)
-        manifest = Manifest(
-            variant=draft.variant, dtype=dtype_name, max_seq_len=seq, tree_limits=lim, tree_defaults=options.tree,
-            target=tinfo, draft=dinfo,
-            graphs={
-                C.TARGET_GRAPH: GraphEntry(f"{C.TARGET_GRAPH}.onnx", tspec, target_axes),
-                C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
-                **({C.TARGET_FUSED_GRAPH: GraphEntry(f"{C.TARGET_FUSED_GRAPH}.onnx", fspec, fused_axes)}
-                   if why_not is None else {}),
-                **({C.DRAFT_TREE_GRAPH: GraphEntry(f"{C.DRAFT_TREE_GRAPH}.onnx", xspec, tree_axes)}
-                   if options.draft_tree else {}),
-            },
-            has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
-            draft_embedding=table,
-            versions=_versions(),
-            files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
-            quantization=quantization,
-        )
-        # The manifest is written last: a directory without one is never mistaken for a finished export.
-        manifest.write(tmp)
+        _write_manifest(tmp, plan, loaded, options, quantization, dtype)
         publish(tmp, out_dir, options.overwrite)
         steps.update()
     except BaseException:
@@ -464,8 +275,115 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             wbar.close()
         steps.close()
     assert (out_dir / MANIFEST_NAME).is_file()
-    return ExportReport(out_dir, lean, time.perf_counter() - t_start, peak_rss_bytes(), weights_bytes,
-                        sum(f.stat().st_size for f in out_dir.iterdir()))
+    return ExportReport(out_dir, loaded.sources is not None, time.perf_counter() - t_start, peak_rss_bytes(),
+                        loaded.weights_bytes, sum(f.stat().st_size for f in out_dir.iterdir()))
+
+
+@dataclass
+class _Loaded:
+    """The checked checkpoints at the export dtype, the capacity, and (lean path) where each weight comes from."""
+
+    target: LoadedTarget
+    draft: LoadedDraft
+    seq: int
+    sources: dict[int, Source] | None
+    weights_bytes: int
+
+
+def _load(target_dir, draft_dir, options: ExportOptions, dtype: torch.dtype, progress: bool, steps) -> _Loaded:
+    """Steps 1-2: load the target (whole, or on the meta device for the lean path) and the head, and check them."""
+    steps.set_postfix_str("loading target")
+    tdir = Path(target_dir)
+    lean = (tdir.is_dir() and any(tdir.glob("*.safetensors"))
+            and checkpoint_bytes(tdir) >= options.lean_threshold_bytes)
+    target = load_target(target_dir, dtype=dtype if lean else torch.float32, progress=terminal_bars(progress),
+                         weights=not lean)
+    seq = target_capacity(options.max_seq_len, target)
+    if not target.tokenizer_files:
+        log.warning("target %s has no tokenizer files: the artifact will take token ids only", target.path)
+    steps.update()
+    steps.set_postfix_str("loading draft")
+    draft = load_draft_head(draft_dir, target, options.feature_layers, options.head_reading)
+    check_head_window(draft, options.limits.max_depth)
+    if options.max_seq_len is None:
+        seq = default_max_seq_len(seq, draft.config.max_position_embeddings, options.limits.max_depth)
+    if options.limits.max_top_k > draft.vocab_size:
+        raise CheckpointError(
+            f"--max-top-k {options.limits.max_top_k} exceeds the draft vocabulary of {draft.vocab_size} tokens"
+        )
+    target.model.to(dtype)
+    draft.head.to(dtype)
+    sources = _lean_sources(target, dtype) if lean else None  # after .to(dtype): it replaces cast buffers
+    weights_bytes = _unique_param_bytes([target.model, draft.head], dtype)
+    steps.update()
+    return _Loaded(target, draft, seq, sources, weights_bytes)
+
+
+def _trace_graphs(plan: ExportPlan, loaded: _Loaded, options: ExportOptions, dtype: torch.dtype, tmp: Path, steps,
+                  wbar) -> None:
+    """Steps 3-6: trace each graph of the plan into ``tmp``, on small dummy inputs whose sizes no axis specialises."""
+    target, draft, sources = loaded.target, loaded.draft, loaded.sources
+    tinfo, dinfo, lim, tree = plan.target_info, plan.draft_info, options.limits, options.tree
+    with torch.no_grad():
+        steps.set_postfix_str("tracing target verify graph")
+        b, t, p = 2, 3, 5
+        ids, pos, mask = _dummy_common(b, t, p)
+        rows = torch.tensor([[0, 2]] * b, dtype=torch.long)
+        past = [torch.zeros(b, p, tinfo.kv_heads, tinfo.head_dim, dtype=dtype)
+                for _ in range(2 * tinfo.num_layers)]
+        _export_graph(TargetVerify(target.model, draft.feature_layers).eval(), (ids, pos, mask, rows, *past),
+                      plan.target.spec, tmp / plan.target.file, sources, wbar)
+        steps.update()
+        if plan.fused is not None:
+            steps.set_postfix_str("tracing fused target graph")
+            _export_fused(target, draft.feature_layers, plan.kv_rows, dtype, (ids, pos, mask, rows), plan.fused.spec,
+                          tmp, sources)
+        else:
+            steps.set_postfix_str("no fused target graph")
+        steps.update()
+        steps.set_postfix_str("tracing draft step graph")
+        # Traced with feature rows and hidden rows both present (2 + 1 = t), so neither size is specialised.
+        embeds = torch.zeros(b, t, dinfo.hidden_size, dtype=dtype)
+        feats = torch.zeros(b, t - 1, dinfo.feature_dim, dtype=dtype)
+        hidden_in = torch.zeros(b, 1, dinfo.hidden_size, dtype=dtype)
+        dpast = [torch.zeros(b, p, dinfo.kv_heads, dinfo.head_dim, dtype=dtype)
+                 for _ in range(2 * dinfo.num_layers)]
+        _export_graph(DraftStep(draft.head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
+                      plan.draft.spec, tmp / plan.draft.file, sources, wbar)
+        steps.update()
+        if plan.tree is not None:
+            steps.set_postfix_str("tracing draft tree graph")
+            last_row = torch.tensor([t - 1, t - 2], dtype=torch.long)[:b]
+            feats_all = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
+            _export_draft_tree(DraftTree(draft.head, lim.max_top_k, tree.top_k, tree.depth).eval(),
+                               (embeds, feats_all, pos, mask, last_row, *dpast), plan.tree.spec, tmp, sources)
+        else:
+            steps.set_postfix_str("no draft tree graph")
+        steps.update()
+
+
+def _write_manifest(tmp: Path, plan: ExportPlan, loaded: _Loaded, options: ExportOptions,
+                    quantization: QuantizationInfo | None, dtype: torch.dtype) -> None:
+    """Step 7: the tokenizer files and the manifest, written last: a folder without one is never mistaken for a
+    finished export."""
+    target = loaded.target
+    table = _draft_table(tmp, target, loaded.draft.head, loaded.sources, dtype)
+    for f in target.tokenizer_files:
+        shutil.copy2(f, tmp / f.name)
+    gen_cfg = target.path / "generation_config.json"
+    if gen_cfg.is_file():
+        shutil.copy2(gen_cfg, tmp / gen_cfg.name)
+    manifest = Manifest(
+        variant=loaded.draft.variant, dtype=plan.dtype_name, max_seq_len=plan.seq, tree_limits=options.limits,
+        tree_defaults=options.tree, target=plan.target_info, draft=plan.draft_info,
+        graphs={name: g.entry() for name, g in plan.graphs().items()},
+        has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
+        draft_embedding=table,
+        versions=_versions(),
+        files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
+        quantization=quantization,
+    )
+    manifest.write(tmp)
 
 
 def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_rows: int, dtype: torch.dtype,

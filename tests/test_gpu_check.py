@@ -8,7 +8,8 @@ import pytest
 
 from eagle_export import contract as C
 from eagle_export.export.checkpoint.loaders import load_eagle1_head, load_target
-from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+from eagle_export.export.graphs.heads import DraftStep
+from eagle_export.export.graphs.target import TargetVerify
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands import gpu_check as G

@@ -327,8 +327,8 @@ def test_sliding_window_layers_read_as_transformers_applies_them(tmp_path):
     it, Mistral's one window on every layer, Qwen2's from max_window_layers on; the fused graph is left out where
     a window is narrower than its cache (a wider one is full attention there). Catches a window read for the wrong
     layers, or a fused graph kept without the window."""
-    from eagle_export.export.exporter import fused_unsupported
     from eagle_export.export.graphs.families import SLIDING, layer_plans, windowed
+    from eagle_export.export.plan import fused_unsupported
 
     t = load_target(make_tiny_target(tmp_path / "m", "mistral", with_tokenizer=False, vocab_size=48,
                                      sliding_window=32))

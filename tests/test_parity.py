@@ -16,7 +16,8 @@ from model_table import EAGLE3_MODELS
 
 from eagle_export import contract as C
 from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
-from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+from eagle_export.export.graphs.heads import DraftStep
+from eagle_export.export.graphs.target import TargetVerify
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime.embedding import TokenEmbedding
 

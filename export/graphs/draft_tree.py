@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eagle_export.export.graphs.heads import rope_tables
+from .attention import rope_tables
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

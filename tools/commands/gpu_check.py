@@ -281,7 +281,8 @@ def main(workdir: Path, cases, engine_lib: str, prompts: int, new_tokens: int, j
     from eagle_export.errors import EagleExportError
     from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
     from eagle_export.export.exporter import ExportOptions, export_artifact
-    from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+    from eagle_export.export.graphs.heads import DraftStep
+    from eagle_export.export.graphs.target import TargetVerify
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.sampling import SamplingParams
     from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target

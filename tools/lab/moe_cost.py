@@ -71,7 +71,7 @@ def child(shape: str, variant: str, layers: int, widths: list[int], reps: int, t
     from eagle_export import contract as C
     from eagle_export.export.exporter import _export_graph
     from eagle_export.export.graphs.families import STATIC, UNION
-    from eagle_export.export.graphs.heads import TargetVerify
+    from eagle_export.export.graphs.target import TargetVerify
 
     cfg = dict(SHAPES[shape])
     mt = cfg.pop("model_type")

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from eagle_export.export.graphs.heads import apply_rope, rope_tables
+from eagle_export.export.graphs.attention import apply_rope, rope_tables
 
 from .fixture_data import greedy_continue, target_features
 

@@ -109,7 +109,8 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         read_draft_checkpoint,
     )
     from eagle_export.export.graphs.draft_tree import DraftTree
-    from eagle_export.export.graphs.heads import DraftStep, TargetVerify
+    from eagle_export.export.graphs.heads import DraftStep
+    from eagle_export.export.graphs.target import TargetVerify
     from eagle_export.prompts import PromptFileError, prompt_ids
     from eagle_export.runtime import EagleRuntime
     from eagle_export.runtime.oracle import EagleOracle
