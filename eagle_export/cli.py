@@ -24,6 +24,48 @@ _DEF_TREE = TreeParams()
 _DEF_LIMITS = TreeLimits()
 
 
+# ---- option families shared by the verbs: one declaration each ---------------------------------------------------
+
+BACKENDS = ("ort", "tensorrt")
+
+
+def _backend_option(f):
+    return click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
+                        help="ort: ONNX Runtime on the ONNX graphs; tensorrt: the engines of `eagle-export build` "
+                             "(CUDA GPU).")(f)
+
+
+def _threads_option(f):
+    return click.option("--threads", type=click.IntRange(min=1), default=None,
+                        help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs).")(f)
+
+
+def _tree_options(kind: str):
+    """--top-k, --depth, --total-tokens. kind: "export" (the artifact's defaults, recorded at export), "run" (one tree
+    for this run, default: the artifact's), "grid" (lists of values to measure, tune)."""
+    if kind == "export":
+        specs = [("--top-k", dict(type=int, default=_DEF_TREE.top_k, show_default=True, help="Default tree top_k.")),
+                 ("--depth", dict(type=int, default=_DEF_TREE.depth, show_default=True, help="Default tree depth.")),
+                 ("--total-tokens", dict(type=int, default=_DEF_TREE.total_tokens, show_default=True,
+                                         help="Default number of draft nodes verified per round."))]
+    elif kind == "run":
+        specs = [("--top-k", dict(type=int, default=None, help="Tree top_k (default: the artifact's).")),
+                 ("--depth", dict(type=int, default=None, help="Tree depth (default: the artifact's).")),
+                 ("--total-tokens", dict(type=int, default=None,
+                                         help="Draft nodes per round (default: the artifact's)."))]
+    else:
+        specs = [("--top-k", dict(default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")),
+                 ("--depth", dict(default=None, help="depth values [default: 2,4,8].")),
+                 ("--total-tokens", dict(default=None, help="total_tokens values [default: 4,8,16,32,60]."))]
+
+    def apply(f):
+        for name, kw in reversed(specs):
+            f = click.option(name, **kw)(f)
+        return f
+
+    return apply
+
+
 class _Group(click.Group):
     def invoke(self, ctx):
         try:
@@ -63,10 +105,7 @@ def main() -> None:
 @click.option("--max-total-tokens", type=int, default=_DEF_LIMITS.max_total_tokens, show_default=True,
               help="Most draft nodes verified per round (upper bound for --total-tokens; the verify graph takes "
                    "this + 1 tokens).")
-@click.option("--top-k", type=int, default=_DEF_TREE.top_k, show_default=True, help="Default tree top_k.")
-@click.option("--depth", type=int, default=_DEF_TREE.depth, show_default=True, help="Default tree depth.")
-@click.option("--total-tokens", type=int, default=_DEF_TREE.total_tokens, show_default=True,
-              help="Default number of draft nodes verified per round.")
+@_tree_options("export")
 @click.option("--max-batch", type=int, default=1, show_default=True,
               help="Most sequences one runtime decodes at once (the graphs' batch range [1, N], in the manifest).")
 @click.option("--fused/--no-fused", default=True, show_default=True,
@@ -187,9 +226,7 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
                    "prompt appended).")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
-@click.option("--depth", type=int, default=None, help="Tree depth (default: the artifact's).")
-@click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
+@_tree_options("run")
 @click.option("--no-draft", is_flag=True, help="Plain autoregressive decoding on the same target graph.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -204,8 +241,7 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @click.option("--samples", type=int, default=None,
               help="Run N independent generations with seeds seed..seed+N-1: one line each (the text as a JSON "
                    "string, or the ids); with --json one object holding a list `samples`.")
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
-              help="ort: ONNX Runtime on the ONNX graphs; tensorrt: the engines of `eagle-export build` (CUDA GPU).")
+@_backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
                  temperature, top_p, top_k_sampling, seed, samples, backend, as_json) -> None:
@@ -295,8 +331,7 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
 
 @main.command("validate")
 @click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True,
-              help="Which exported engines to check against PyTorch.")
+@_backend_option
 @click.option("--prompts", type=click.IntRange(min=0), default=8, show_default=True,
               help="Random prompts for the end-to-end checks (0 skips them).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True,
@@ -310,8 +345,7 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
 @click.option("--draft", "draft_dir", default=None,
               help="Original draft checkpoint, a directory or a Hub repo id (default: the manifest's draft.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs and prompts.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Intra-op threads for PyTorch and ONNX Runtime (default: theirs); 1 is fastest for tiny models.")
+@_threads_option
 @click.option("--against-library", is_flag=True,
               help="Also compare the draft graph with the forward of the library that wrote the head (ModelOpt, "
                    "...), steps 1 and 2; skipped with the reason when that library is not installed.")
@@ -351,12 +385,9 @@ _PROMPTS_FILE = click.option(
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt and mode (greedy; EOS ignored unless --stop-at-eos).")
-@click.option("--top-k", type=int, default=None, help="Tree top_k (default: the artifact's).")
-@click.option("--depth", type=int, default=None, help="Tree depth (default: the artifact's).")
-@click.option("--total-tokens", type=int, default=None, help="Draft nodes per round (default: the artifact's).")
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs).")
+@_tree_options("run")
+@_backend_option
+@_threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 @click.option("--plot", "plot_file", type=click.Path(path_type=Path), default=None,
               help="Draw the n-alpha curve to this PNG (with --concurrency: throughput against N; needs matplotlib).")
@@ -464,13 +495,10 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt, mode and setting (greedy, EOS ignored).")
-@click.option("--top-k", "top_k", default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")
-@click.option("--depth", default=None, help="depth values [default: 2,4,8].")
-@click.option("--total-tokens", default=None, help="total_tokens values [default: 4,8,16,32,60].")
+@_tree_options("grid")
 @click.option("--no-refine", is_flag=True, help="Measure the grid only (no second stage around the best).")
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Intra-op threads for ONNX Runtime and PyTorch (default: theirs); recorded with the result.")
+@_backend_option
+@_threads_option
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Passes over the prompts per setting (the medians take them all).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -586,8 +614,8 @@ def demo_cmd(ctx) -> None:
 @click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics [env: EAGLE_EXPORT_API_KEY].")
 @click.option("--model-name", default=None, help="The model id clients name [default: the artifact folder's name].")
-@click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
-@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads per graph.")
+@_backend_option
+@_threads_option
 @click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=None,
               help="On SIGTERM/SIGINT, how long accepted requests may run on; those still running then get an error "
                    "event or a 503 [default: --timeout].")
