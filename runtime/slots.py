@@ -1,6 +1,6 @@
 """Per-sequence bookkeeping of batched decoding: requests, their stop rule, slots and the cache-row layout.
 
-Pure Python and numpy, no graph calls: the batched loop (``batched.py``) asks these objects what each
+Pure Python and numpy, no graph calls: the batched loop (``generator.py``'s ``Generator``) asks these objects what each
 sequence needs, and the tests check them without a model.
 
 Cache-row layout (docs/runtime.md, "Batched decoding"): every cache is one allocation of ``B x rows_per_slot``

@@ -1,4 +1,5 @@
-"""Batched EAGLE and continuous batching (runtime/batched.py, runtime/scheduler.py, runtime/slots.py).
+"""Batched EAGLE and continuous batching (runtime/generator.py, runtime/scheduler.py,
+runtime/slots.py).
 
 One runtime with B = 4 slots serves more requests than slots, of different prompt lengths and lengths to
 generate, so they join at different rounds and leave when they finish; every sequence must be exactly what it is
