@@ -1,5 +1,7 @@
 """The research instruments' tests (tools/lab/): out of the default run (the `lab` marker; `pytest -m lab` runs
-them). tools/lab is not part of the installed package, so its scripts are imported from their folder."""
+them). tools/lab is not part of the installed package, so its scripts are imported from their folder. The folder is
+a package (``__init__.py``) so that this conftest does not take the module name ``conftest`` from tests/conftest.py,
+which the tests import from."""
 
 from __future__ import annotations
 

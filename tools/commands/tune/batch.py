@@ -82,8 +82,7 @@ def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeP
                log: Callable[[str], None] | None = None, spin: str | None = None) -> list[SizeRow]:
     """Measure every candidate against batched no-draft at each N of ``sizes``; see the module docstring."""
     from eagle_export.runtime import EagleRuntime
-
-    from .concurrency import _pass
+    from eagle_export.tools.commands.bench.concurrency import _pass
 
     say = log or (lambda msg: None)
     out: list[SizeRow] = []
