@@ -176,6 +176,36 @@ def test_stop_string_usage_is_the_tokens_returned_whatever_the_tree(server, stop
             assert out["usage"]["completion_tokens"] == need, eagle
 
 
+def test_a_stop_string_completed_by_a_rounds_first_token_ends_token_ids_there(bigram):
+    """On the bigram pair (every draft accepted: the default tree commits 5 tokens a round, top_k 4 / depth 1
+    commits 3) after the prompt "na", the output "ïve 你naïve 你..." has its first "aï" completed by token 11,
+    the first token of the default tree's third round, inside a round of the depth-1 tree, and alone in a
+    no-draft round. Whole and streamed, each tree returns and counts tokens 0-11, no more."""
+    _, art, _ = bigram["text"]
+    rt = EagleRuntime.open(art)
+    starts: list[int] = []
+    ref = rt.generate("na", max_new_tokens=24, stop_on_eos=False,
+                      on_round=lambda vt, acc: starts.append(len(acc.tokens) + 1)).tokens
+    rt.close()
+    starts = [sum(starts[:i]) + 1 for i in range(len(starts))]  # each round's first token (the prefill made one)
+    need = 12
+    assert starts[:3] == [1, 6, need - 1] and ref[10:need] == ref[:2]  # "aï" first complete at token 11
+    trees = ({"ignore_eos": True}, {"ignore_eos": True, "top_k": 4, "depth": 1, "total_tokens": 4},
+             {"ignore_eos": True, "no_draft": True})
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, timeout_s=60)) as s, s.client() as h:
+        for eagle in trees:
+            body = {"model": MODEL, "prompt": "na", "max_tokens": 24, "temperature": 0, "stop": "aï", "eagle": eagle}
+            out = h.post("/v1/completions", json=body).json()
+            assert out["choices"][0]["token_ids"] == ref[:need], eagle
+            assert out["usage"]["completion_tokens"] == need, eagle
+            assert out["choices"][0]["text"] == "ïve 你n" and out["choices"][0]["finish_reason"] == "stop"
+            with h.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                           "stream_options": {"include_usage": True}}) as r:
+                events = sse_events(r.iter_lines())
+            ids = [t for e in events[:-1] for ch in e["choices"] for t in ch["token_ids"]]
+            assert ids == ref[:need] and events[-2]["usage"]["completion_tokens"] == need, eagle
+
+
 BAD = [
     ({"model": MODEL, "prompt": "\ud800", "max_tokens": 2}, "/v1/completions", "prompt"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a\udc00"}], "max_tokens": 2}, "/v1/chat/completions",
