@@ -376,6 +376,53 @@ def _one(h, i: int, max_tokens: int, out: list, headers_seen: threading.Semaphor
         out[i] = f"{type(e).__name__}: {e}"
 
 
+def _http_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body read off a raw socket: (status, headers, body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    head, rest = got.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    while len(rest) < int(headers["content-length"]):
+        chunk = sock.recv(4096)
+        assert chunk, rest
+        rest += chunk
+    return int(status.split()[1]), headers, rest
+
+
+def test_a_request_on_an_open_connection_after_shutdown_starts_gets_503(art):
+    """A keep-alive connection with one request answered, and a second one whose head arrived before the shutdown
+    and whose body after it: once the drain has started the second request is not run (a drain of 30 s would let
+    it finish) but answered 503 ``shutting_down`` with Retry-After."""
+    body = json.dumps({"model": MODEL, "prompt": "p1 hello", "max_tokens": 4, "temperature": 0}).encode()
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, timeout_s=60, drain_timeout_s=30.0)) as s, \
+            socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: test\r\n\r\n")
+        status, headers, _ = _http_response(sock)
+        assert status == 200 and headers.get("connection") != "close"  # the connection stays open
+        deadline = time.monotonic() + 30
+        while s.server.server_state.tasks:  # that request's task is over
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body[:10])
+        while not s.server.server_state.tasks:  # the server has the request's head (its task waits for the body)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        s.server.should_exit = True  # what SIGTERM does
+        while not s.server.drain.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sock.sendall(body[10:])
+        status, headers, raw = _http_response(sock)
+        assert status == 503, raw
+        assert json.loads(raw)["error"]["code"] == "shutting_down" and headers["retry-after"] == "1"
+        assert s.engine.in_flight == 0
+
+
 def test_shutdown_drains_or_answers_every_accepted_request(art):
     """10 runs of 40 requests (max_batch 4, 36 queued), then what SIGTERM does: with a drain of 30 s every one
     (16 tokens) completes; with a drain of 0 each one still running (200 tokens) gets an error event or a 503. None
