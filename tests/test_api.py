@@ -99,6 +99,31 @@ def test_async_streams_over_the_scheduler(bigram):
     assert a_result.tokens == want.tokens and b_ids == want.tokens and c_result.tokens == want.tokens
 
 
+def test_chunks_hand_over_the_text_held_back_when_the_stream_ends(bigram):
+    """A stream cut inside a character: after the prompt "na" (its two tokens, no BOS) the bigram pair writes
+    "ïve 你naïve 你...", so 11 tokens end on the first byte of the second "ï", and the capacity (128: 126 tokens
+    after the prompt) ends on the first of the three bytes of a "你". The text held back (the unfinished
+    character, as decoded) is handed over in a last chunk without tokens, by ``chunks()`` (``stream`` and
+    ``submit``) and ``achunks()``."""
+    _, art, cycle = bigram["text"]
+    na = cycle[:2]
+    with EagleRuntime.open(art) as rt:
+        for n, reason in ((11, "length"), (200, "capacity")):
+            kw = dict(prompt_ids=na, max_new_tokens=n, stop_on_eos=False)
+            want = rt.generate(**kw)
+            assert want.finish_reason == reason and want.text.endswith(REPLACEMENT), want.text
+            assert not rt.decode(want.tokens[:-1]).endswith(REPLACEMENT)  # one character left unfinished
+
+            async def consume(kw=kw):
+                return [ch async for ch in rt.submit(**kw).achunks()]
+
+            for how, chunks in (("stream", list(rt.stream(**kw).chunks())), ("submit", list(rt.submit(**kw).chunks())),
+                                ("achunks", asyncio.run(asyncio.wait_for(consume(), 120)))):
+                assert [t for c in chunks for t in c.tokens] == want.tokens, how
+                assert "".join(c.text for c in chunks) == want.text, how
+                assert chunks[-1].tokens == [] and chunks[-1].text.endswith(REPLACEMENT), how
+
+
 def test_async_stream_raises_the_requests_error(plain_runtime):
     async def run():
         s = plain_runtime.submit(prompt_ids=[10_000])  # outside the vocabulary: this request fails alone

@@ -150,6 +150,44 @@ def test_draft_cache_catches_up_after_plain_rounds(tabled):
             assert (ctx == ctx_ref).all()
 
 
+def test_a_sequence_sitting_out_beside_an_explicit_tree_catches_up_from_its_own_row(tabled):
+    """Slot 0 verifies an explicit tree (8 rows a round) every round; slot 1 follows the table, which the rounds
+    given here turn off and on, so it sits out rounds and keeps its root's target feature for the draft's catch-up:
+    row b * tt = 8 of that round's target output, not row b = 1 (slot 0's first tree node). Its tokens would stay
+    right either way (the target decides them): its draft cache and context row must be those of a run where it
+    drafted every round (the draft's inputs, which decide its acceptance from then on)."""
+    def drive(schedule):
+        rt = EagleRuntime.open(tabled, threads=1, max_batch=2, prefill_chunk=8)
+        gen = rt.generator
+        sinks = [RequestStream(), RequestStream()]
+        drafted = []  # slot 1's rounds with a draft (its trace hook runs in those only)
+        for (p, _), tree, sink in zip(_requests(rt.manifest.target.vocab_size, 2, seed=7), (OWN, None), sinks,
+                                      strict=True):
+            hook = None if tree is OWN else lambda vt, acc: drafted.append(vt.num_nodes)
+            gen.join(gen.check(p, 200, tree, True, False, on_round=hook), sink)
+        for tree in schedule:
+            gen.round(tree)
+        assert len(gen.active) == 2 and gen.active[0].req.tree == OWN and gen.active[1].req.tuned
+        s = gen.active[1]
+        out = (s.L, [c[0, :s.L].clone() for c in gen.dcache.rows(gen.dplan.stride, s.L)], gen.ctx_ids[1].copy(),
+               list(s.stop.out), len(drafted))
+        rt.close()
+        return out, gen._lag_rows
+
+    P = 10  # the lag rows of this artifact at max_batch 2: 10 plain rounds fill them (a catch-up between rounds)
+    mixed, lag_rows = drive([T1, None, None, T1, *[None] * P, T1, T1, T1])
+    assert lag_rows == P
+    ref, _ = drive([T1] * (5 + P))
+    (L, rows, ctx, toks, drafted), (L_ref, rows_ref, ctx_ref, toks_ref, _) = mixed, ref
+    assert drafted == 5  # slot 1 drafted in the T1 rounds only: it sat out 2 rounds, then P (its lag rows full)
+    n, k = min(L, L_ref), min(len(toks), len(toks_ref))
+    assert toks[:k] == toks_ref[:k]
+    for a, b in zip(rows, rows_ref, strict=True):
+        torch.testing.assert_close(a[:n], b[:n], rtol=1e-4, atol=1e-5)
+    if L == L_ref:
+        assert (ctx == ctx_ref).all()
+
+
 def test_tune_writes_the_table_and_bench_reports_it(models, tmp_path):
     """tune's per-batch stage measures each candidate against batched no-draft and writes N's row (the best
     candidate, or no draft below 1x); bench --concurrency then reports EAGLE as tuned beside plain batching."""

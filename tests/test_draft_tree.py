@@ -8,6 +8,8 @@ which run it wherever the round's tree fits (the session's artifacts carry one f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from eagle_export.export.checkpoint.loaders import load_draft_head, load_target
 from eagle_export.export.graphs.draft_tree import DraftTree
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.tree import TreeGrower
 from eagle_export.tree_params import TreeParams
 
 MODELS = [pytest.param("mha", dict(fc_bias=True), id="eagle1-mha"),
@@ -135,6 +138,74 @@ def test_tree_graph_equals_its_module_and_the_growers_choice(models):
         block = parents[:, start:start + k * k].reshape(b, k, k)
         assert (block == block[:, :, :1]).all()  # the k children of one frontier node are adjacent
         assert (block[:, :, 0] < start).all()  # parents precede their children
+
+
+@pytest.fixture(scope="module")
+def tied_scores(tmp_path_factory) -> Path:
+    """An artifact whose draft scores tie: the target's lm_head (the EAGLE-1/2 draft's too) is zero but for its
+    first column, 2 for token 5 and 1 for tokens 6 and 7, so a node's log-probs for 6 and 7 are equal to the last
+    bit (one product each) and, where the hidden's first value is negative, those of every other token too."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle_export.export.exporter import ExportOptions, export_artifact
+    from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_target
+
+    root = tmp_path_factory.mktemp("tied_scores")
+    target = make_tiny_target(root / "target", "mha", with_tokenizer=False, vocab_size=48)
+    path = target / "model.safetensors"
+    weights = load_file(str(path))
+    lm_head = torch.zeros_like(weights["lm_head.weight"])
+    lm_head[5, 0], lm_head[6, 0], lm_head[7, 0] = 2.0, 1.0, 1.0
+    weights["lm_head.weight"] = lm_head
+    save_file(weights, str(path))
+    draft = make_tiny_draft(root / "draft", target, seed=1)
+    return export_artifact(target, draft, root / "artifact", ExportOptions(max_seq_len=64, fused=False),
+                           progress=False)
+
+
+def test_tree_graph_breaks_ties_as_the_grower_does(tied_scores):
+    """Candidates with equal scores: the graph's frontier at each level is the one ``TreeGrower`` picks from the
+    same per-node log-probs (ties: the lower candidate index, first), so every candidate's parent, token and score
+    are the grower's. The log-probs are the graph's own (each candidate's score less its parent's, exact in
+    float64), fed level by level to a grower, which chooses its frontier itself."""
+    import onnxruntime as ort
+
+    m = load_manifest(tied_scores)
+    d, tree, entry = m.draft, m.tree_defaults, m.graphs[C.DRAFT_TREE_GRAPH]
+    k = tree.top_k
+    rng = np.random.default_rng(0)
+    b, n, past = 2, 5, 7
+    mask = np.zeros((b, n, past + n), dtype=bool)
+    mask[:, :, :past] = True
+    mask[:, :, past:] = np.tri(n, dtype=bool)
+    feed = {
+        C.INPUT_EMBEDS: rng.standard_normal((b, n, d.hidden_size)).astype(np.float32),
+        C.DRAFT_FEATURES: rng.standard_normal((b, n, d.feature_dim)).astype(np.float32),
+        C.POSITION_IDS: np.tile(np.arange(past, past + n), (b, 1)).astype(np.int64),
+        C.ATTENTION_MASK: mask,
+        C.LAST_ROW: np.array([n - 1, n - 2], dtype=np.int64),
+    }
+    for name in C.past_names(d.num_layers):
+        feed[name] = rng.standard_normal((b, past, d.kv_heads, d.head_dim)).astype(np.float32)
+    sess = ort.InferenceSession(str(tied_scores / entry.file), providers=["CPUExecutionProvider"])
+    got = dict(zip(entry.spec.output_names, sess.run(None, feed), strict=True))
+    tied_choices = 0
+    for i in range(b):
+        scores = got[C.TREE_SCORES][i].astype(np.float64)
+        tokens, parents = got[C.TREE_TOKENS][i], got[C.TREE_PARENTS][i]
+        grower = TreeGrower(tree)
+        grower.add_root_children(got[C.CONTEXT_TOPK_LOGPROBS][i], got[C.CONTEXT_TOPK_IDS][i])
+        for level in range(1, tree.depth + 1):
+            block = slice(k + (level - 1) * k * k, k + level * k * k)
+            rows = parents[block].reshape(k, k)[:, 0]  # the graph's frontier, one row per node
+            grower.add_children(scores[block].reshape(k, k) - scores[rows][:, None], tokens[block].reshape(k, k))
+            if level < tree.depth:  # a frontier choice among equal scores (in the chosen k, or at its edge)
+                best = np.sort(scores[block])[::-1][:k + 1]
+                tied_choices += len(set(best.tolist())) < k + 1
+        np.testing.assert_array_equal(grower.candidate_parents, parents, err_msg=f"sequence {i}")
+        np.testing.assert_array_equal(grower.candidate_tokens, tokens, err_msg=f"sequence {i}")
+        np.testing.assert_array_equal(grower.scores, scores, err_msg=f"sequence {i}")
+    assert tied_choices >= 2  # the ties really were in the frontier choices
 
 
 def test_tensorrt_rtx_builds_the_tree_graph(models):

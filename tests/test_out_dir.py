@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import signal
@@ -55,6 +57,48 @@ def test_an_export_fails_at_once_while_another_holds_the_lock(tiny, tmp_path):
         assert not out.exists() and _leftovers(tmp_path, "art") == [".art.lock"]
     assert _leftovers(tmp_path, "art") == []  # the holder removes its lock file
     export_artifact(target, draft, out, ExportOptions(**OPTS), progress=False)  # and the next export runs
+
+
+def test_releasing_the_lock_closes_its_descriptor(tmp_path):
+    """An export's lock file descriptor is closed when the lock is released (a long-lived process exporting many
+    artifacts must not collect open descriptors of removed lock files)."""
+    out = tmp_path / "art"
+    for _ in range(3):
+        with OutputLock(out) as lock:
+            fd = lock._fd
+            assert fd is not None and os.fstat(fd).st_ino == os.stat(lock_path(out)).st_ino
+        with pytest.raises(OSError) as info:
+            os.fstat(fd)  # closed: EBADF (nothing else opened a file in between to reuse the number)
+        assert info.value.errno == errno.EBADF
+        assert lock._fd is None and not lock_path(out).exists()
+
+
+def test_a_lock_taken_on_a_removed_lock_file_is_not_held(tmp_path, monkeypatch):
+    """The race the inode check in ``OutputLock._acquire`` closes: export B opens the lock file while export A still
+    holds it, A finishes (removes the file, releases its flock), then B's flock succeeds, on a file no longer in
+    the folder. A third export C would create a new lock file and lock it too: two exports writing one --out. B
+    must see that its lock is on a removed file, and lock the file that is there instead, so that C is refused."""
+    out = tmp_path / "art"
+    a = OutputLock(out).__enter__()
+    first_inode = os.fstat(a._fd).st_ino
+    real_flock = fcntl.flock
+    calls = []
+
+    def a_finishes_first(fd, op):  # B's first flock: A has ended between B's open and B's flock
+        calls.append(os.fstat(fd).st_ino)
+        if len(calls) == 1:
+            a.__exit__(None, None, None)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", a_finishes_first)
+    with OutputLock(out) as b:
+        monkeypatch.setattr(fcntl, "flock", real_flock)
+        with pytest.raises(EagleExportError, match=rf"another export is writing .*art \(pid {os.getpid()}; "):
+            with OutputLock(out):  # C: the lock file in the folder is B's, and B holds it
+                pass
+        assert os.fstat(b._fd).st_ino == os.stat(lock_path(out)).st_ino  # (the freed inode may be reused)
+        assert calls[0] == first_inode and len(calls) == 2  # B locked the removed file once, then the new one
+    assert not lock_path(out).exists()
 
 
 def _partial(parent: Path, name: str) -> Path:

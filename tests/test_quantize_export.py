@@ -19,7 +19,7 @@ from eagle_export.export.quantization.artifact import QuantizeOptions
 from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import peer as pog
-from eagle_export.tree_params import TreeLimits
+from eagle_export.tree_params import TreeLimits, TreeParams
 
 SMALL = dict(preset="mha", max_seq_len=64, limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
 INT4_ALL = QuantizeOptions(bits=4, draft=True)  # target, draft head and lm_heads; symmetric, block 32, level 4
@@ -253,3 +253,37 @@ def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
         assert [n.SerializeToString() for n in got.graph.node] == [n.SerializeToString() for n in ref.graph.node], g
         tensors = {t.name: (t.data_type, list(t.dims), t.raw_data) for t in got.graph.initializer}
         assert tensors == {t.name: (t.data_type, list(t.dims), t.raw_data) for t in ref.graph.initializer}, g
+
+
+def test_quantized_tree_graph_grows_the_quantized_step_graphs_trees(int4):
+    """The int4 artifact's draft tree graph (MatMulNBits written directly) against its draft step graph
+    (DequantizeLinear -> MatMul, fused by ONNX Runtime at the manifest's accuracy level), round by round: the same
+    verify trees and the same acceptance, in one draft call a round. Greedy tokens alone cannot show a draft that
+    drifts (the target corrects it)."""
+    art = int4[2]
+    m = load_manifest(art)
+    one = EagleRuntime.open(art, threads=1)
+    levels = EagleRuntime.open(art, threads=1, draft_tree=False)
+    assert one.backend.tree_graph == C.DRAFT_TREE_GRAPH and levels.backend.tree_graph is None
+    rng = np.random.default_rng(5)
+    rounds = accepted = 0
+    for tree in (m.tree_defaults, TreeParams(top_k=m.tree_defaults.top_k, depth=2, total_tokens=8)):
+        for _ in range(4):
+            prompt = rng.integers(3, 48, int(rng.integers(2, 30))).tolist()
+            got, got_trees = _traced(one, prompt, tree)
+            want, want_trees = _traced(levels, prompt, tree)
+            assert got.tokens == want.tokens
+            assert got_trees == want_trees, (tree, prompt)  # round by round: tree tokens, parents, accepted path
+            assert got.stats.draft_forwards == got.stats.rounds < want.stats.draft_forwards
+            rounds += got.stats.rounds
+            accepted += sum(got.stats.accept_lengths)
+    assert accepted >= 8, f"{accepted} draft tokens accepted in {rounds} rounds: multi-token commits barely compared"
+
+
+def _traced(rt: EagleRuntime, prompt: list[int], tree: TreeParams):
+    trees: list[tuple] = []
+
+    def keep(vt, acc):
+        trees.append((vt.tokens.tolist(), vt.parents.tolist(), acc.indices.tolist()))
+
+    return rt.generate(prompt_ids=prompt, max_new_tokens=24, stop_on_eos=False, tree=tree, on_round=keep), trees

@@ -100,3 +100,37 @@ def test_a_stop_string_keeps_the_tokens_up_to_the_one_that_completes_it():
         if one_by_one.stopped:
             break
     assert one_by_one.tokens == whole_round.tokens and one_by_one.text == whole_round.text
+
+
+def _splits(n: int):
+    """Every way to cut tokens 0..n-1 into consecutive rounds (2^(n-1) of them)."""
+    for cuts in range(2 ** (n - 1)):
+        rounds, start = [], 0
+        for i in range(1, n):
+            if cuts >> (i - 1) & 1:
+                rounds.append(list(range(start, i)))
+                start = i
+        yield [*rounds, list(range(start, n))]
+
+
+def test_a_stop_string_cuts_at_its_last_token_whatever_the_rounds():
+    """Every way the tree could have cut the same tokens into rounds (128 of them), among them the stop string
+    completed by the first token of a multi-token round ([.., 4], [5, 6, 7]) and by a round's last one: the
+    choice keeps the tokens up to the one that completes it (they are what ``token_ids`` and ``usage`` report),
+    the same text, sent once."""
+    completes = {"你好": 5, "ïve": 2, "na": 0, "好 END": 6}  # stop string -> the token that completes it
+    for stop, last in completes.items():
+        seen_first_of_round = False
+        for rounds in _splits(len(PIECES)):
+            c = ChoiceText(decode, [stop])
+            sent = ""
+            for r in rounds:
+                sent += c.feed(r)
+                if c.stopped:
+                    seen_first_of_round |= r[0] == last and len(r) > 1
+                    break
+            sent += c.end(result(range(len(PIECES))))
+            assert c.stopped and c.finish_reason == "stop", (stop, rounds)
+            assert c.tokens == list(range(last + 1)), (stop, rounds)
+            assert sent == c.text == decode(c.tokens).split(stop)[0], (stop, rounds)
+        assert seen_first_of_round, stop

@@ -176,6 +176,36 @@ def test_stop_string_usage_is_the_tokens_returned_whatever_the_tree(server, stop
             assert out["usage"]["completion_tokens"] == need, eagle
 
 
+def test_a_stop_string_completed_by_a_rounds_first_token_ends_token_ids_there(bigram):
+    """On the bigram pair (every draft accepted: the default tree commits 5 tokens a round, top_k 4 / depth 1
+    commits 3) after the prompt "na", the output "ïve 你naïve 你..." has its first "aï" completed by token 11,
+    the first token of the default tree's third round, inside a round of the depth-1 tree, and alone in a
+    no-draft round. Whole and streamed, each tree returns and counts tokens 0-11, no more."""
+    _, art, _ = bigram["text"]
+    rt = EagleRuntime.open(art)
+    starts: list[int] = []
+    ref = rt.generate("na", max_new_tokens=24, stop_on_eos=False,
+                      on_round=lambda vt, acc: starts.append(len(acc.tokens) + 1)).tokens
+    rt.close()
+    starts = [sum(starts[:i]) + 1 for i in range(len(starts))]  # each round's first token (the prefill made one)
+    need = 12
+    assert starts[:3] == [1, 6, need - 1] and ref[10:need] == ref[:2]  # "aï" first complete at token 11
+    trees = ({"ignore_eos": True}, {"ignore_eos": True, "top_k": 4, "depth": 1, "total_tokens": 4},
+             {"ignore_eos": True, "no_draft": True})
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, timeout_s=60)) as s, s.client() as h:
+        for eagle in trees:
+            body = {"model": MODEL, "prompt": "na", "max_tokens": 24, "temperature": 0, "stop": "aï", "eagle": eagle}
+            out = h.post("/v1/completions", json=body).json()
+            assert out["choices"][0]["token_ids"] == ref[:need], eagle
+            assert out["usage"]["completion_tokens"] == need, eagle
+            assert out["choices"][0]["text"] == "ïve 你n" and out["choices"][0]["finish_reason"] == "stop"
+            with h.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                           "stream_options": {"include_usage": True}}) as r:
+                events = sse_events(r.iter_lines())
+            ids = [t for e in events[:-1] for ch in e["choices"] for t in ch["token_ids"]]
+            assert ids == ref[:need] and events[-2]["usage"]["completion_tokens"] == need, eagle
+
+
 BAD = [
     ({"model": MODEL, "prompt": "\ud800", "max_tokens": 2}, "/v1/completions", "prompt"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a\udc00"}], "max_tokens": 2}, "/v1/chat/completions",
@@ -344,6 +374,53 @@ def _one(h, i: int, max_tokens: int, out: list, headers_seen: threading.Semaphor
             out[i] = "ended without a finish_reason"
     except Exception as e:  # noqa: BLE001 - a reset or a cut stream is what this test looks for
         out[i] = f"{type(e).__name__}: {e}"
+
+
+def _http_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body read off a raw socket: (status, headers, body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    head, rest = got.split(b"\r\n\r\n", 1)
+    status, *lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    while len(rest) < int(headers["content-length"]):
+        chunk = sock.recv(4096)
+        assert chunk, rest
+        rest += chunk
+    return int(status.split()[1]), headers, rest
+
+
+def test_a_request_on_an_open_connection_after_shutdown_starts_gets_503(art):
+    """A keep-alive connection with one request answered, and a second one whose head arrived before the shutdown
+    and whose body after it: once the drain has started the second request is not run (a drain of 30 s would let
+    it finish) but answered 503 ``shutting_down`` with Retry-After."""
+    body = json.dumps({"model": MODEL, "prompt": "p1 hello", "max_tokens": 4, "temperature": 0}).encode()
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, timeout_s=60, drain_timeout_s=30.0)) as s, \
+            socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: test\r\n\r\n")
+        status, headers, _ = _http_response(sock)
+        assert status == 200 and headers.get("connection") != "close"  # the connection stays open
+        deadline = time.monotonic() + 30
+        while s.server.server_state.tasks:  # that request's task is over
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                     + f"content-length: {len(body)}\r\n\r\n".encode() + body[:10])
+        while not s.server.server_state.tasks:  # the server has the request's head (its task waits for the body)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        s.server.should_exit = True  # what SIGTERM does
+        while not s.server.drain.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        sock.sendall(body[10:])
+        status, headers, raw = _http_response(sock)
+        assert status == 503, raw
+        assert json.loads(raw)["error"]["code"] == "shutting_down" and headers["retry-after"] == "1"
+        assert s.engine.in_flight == 0
 
 
 def test_shutdown_drains_or_answers_every_accepted_request(art):

@@ -10,6 +10,7 @@ EAGLE-3 heads; planted rule violations fail with their rule's message.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -333,3 +334,175 @@ def test_bench_proxy_times_the_tensorrt_backend_around_run_and_synchronize(engin
     calls = proxy.calls[C.TARGET_GRAPH] + proxy.calls[C.DRAFT_GRAPH]
     assert proxy.calls[C.TARGET_GRAPH] == got.stats.rounds + 1 and len(syncs) == calls
     assert all(v > 0 for v in proxy.seconds.values())
+
+
+# ---- the emulator's own rules: each one broken on purpose, by one call, must be reported ------------------------
+
+
+class _Call:
+    """A valid call of the target graph's prefill profile made by hand through the emulated TensorRT API, on a fresh
+    engine object (its profiles owned by no context yet) of a runtime that has run: the shapes, addresses and
+    context memory the backend gave its own prefill context, given again through the public calls. A case breaks
+    one thing and expects that rule's error."""
+
+    def __init__(self, rt: EagleRuntime):
+        from eagle_export.tools.testing.trt_emulator import EmulatedEngine, ExecutionContextAllocationStrategy
+
+        self.rt, self.be, self.mem = rt, rt.backend, rt.backend.mem
+        self.src = self.be.graphs[C.TARGET_GRAPH].contexts[0]  # the prefill context: profile 0, the last prefill's
+        self.engine = EmulatedEngine(self.be.emulator, C.TARGET_GRAPH, self.src.engine.logger)
+        self.strategy = ExecutionContextAllocationStrategy.USER_MANAGED
+        self.stream = self.be.stream.cuda_stream
+        self.logger = self.src.engine.logger
+        self.logger.reset()
+
+    def context(self, skip: str | None = None, shapes: dict | None = None, memory: bool = True):
+        ctx = self.engine.create_execution_context(self.strategy)
+        assert ctx.set_optimization_profile_async(self.src.profile, self.stream)
+        if memory:
+            ctx.set_device_memory(*self.src.device_memory)
+        for name, shape in {**self.src.shapes, **(shapes or {})}.items():
+            if name != skip:
+                assert ctx.set_input_shape(name, shape), self.logger.errors
+        for name, address in self.src.addresses.items():
+            if name != skip:
+                assert ctx.set_tensor_address(name, address), self.logger.errors
+        return ctx
+
+    def run(self, ctx) -> bool:
+        return ctx.execute_async_v3(self.stream)
+
+    def refused(self, rule: str, ok: bool) -> None:
+        """A call TensorRT refuses by its return value: False, and the rule's message logged."""
+        assert ok is False and any(f"TensorRT rule broken ({rule}:" in m for m in self.logger.errors), \
+            self.logger.errors
+        raise RuleViolation(rule, "refused by return value")
+
+    def logits_row(self) -> np.ndarray:
+        """Row 0 of the logits buffer (where the prefill call writes its one row), read on the caller's stream."""
+        return self.mem.to_host(self.rt.generator.logits).reshape(-1, self.rt.manifest.target.vocab_size)[0].copy()
+
+    def empty_input(self) -> str:
+        return next(t.name for t in self.engine.spec.inputs if 0 in self.src.shapes[t.name])
+
+    def host_buffer(self, nbytes: int) -> int:
+        """Aligned memory that is not device memory (not allocated through the emulated CUDA)."""
+        self._host = torch.zeros(nbytes + 512, dtype=torch.uint8)
+        return self._host.data_ptr() + (-self._host.data_ptr() % 256)
+
+
+def _freed_runtime_config(c: _Call) -> bool:
+    cfg = c.engine.create_runtime_config()
+    cfg.set_execution_context_allocation_strategy(c.strategy)
+    ctx = c.engine.create_execution_context(cfg)
+    ctx.set_optimization_profile_async(c.src.profile, c.stream)
+    ctx.set_device_memory(*c.src.device_memory)
+    for name, shape in c.src.shapes.items():
+        ctx.set_input_shape(name, shape)
+    for name, address in c.src.addresses.items():
+        ctx.set_tensor_address(name, address)
+    del cfg
+    return c.run(ctx)
+
+
+def _read_before_sync(c: _Call) -> None:
+    """An output read on the caller's stream while the call that writes it is still queued on the backend's: the
+    read sees poison (NaN logits), and the emulator names the call."""
+    ctx = c.context()
+    assert c.run(ctx)
+    seen = len(c.mem.poisoned_reads)
+    assert np.isnan(c.logits_row()).all()  # the logits the prefill call writes, read before it ran
+    assert any("before target_verify (profile 0) wrote them" in r for r in c.mem.poisoned_reads[seen:]), \
+        c.mem.poisoned_reads[seen:]
+    c.be.stream.synchronize()
+    assert not np.isnan(c.logits_row()).any()
+    raise RuleViolation("sync", "read poison")
+
+
+def _input_written_on_another_stream(c: _Call) -> None:
+    """The ids copied in on another stream, which the backend's stream does not wait for: the engine reads them
+    before the copy has run, as poison (0xFF bytes: ids -1), and the emulator names the copy. The logits equal those
+    of a call given ids -1 for real."""
+    n = math.prod(c.src.shapes[C.INPUT_IDS])
+    ids = c.mem.zeros((n,), torch.int64)
+    other = c.mem.stream()
+    with c.mem.on(other):
+        c.mem.copy(ids, torch.arange(3, 3 + n, dtype=torch.int64))
+    seen = len(c.mem.poisoned_reads)
+    ctx = c.context()
+    assert ctx.set_tensor_address(C.INPUT_IDS, ids.data_ptr()) and c.run(ctx)
+    c.be.stream.synchronize()
+    assert any(r.startswith("target_verify (profile 0) read") and "before a copy wrote them" in r
+               for r in c.mem.poisoned_reads[seen:]), c.mem.poisoned_reads[seen:]
+    poisoned = c.logits_row()
+    other.synchronize()
+    c.mem.copy(ids, torch.full((n,), -1, dtype=torch.int64))  # the caller's stream: done at once
+    assert c.run(ctx)
+    c.be.stream.synchronize()
+    np.testing.assert_array_equal(poisoned, c.logits_row())
+    raise RuleViolation("sync", "read poison")
+
+
+def _bind_to(c: _Call, name: str, address: int) -> bool:
+    ctx = c.context()
+    assert ctx.set_tensor_address(name, address)
+    return c.run(ctx)
+
+
+# rule -> ways to break it (each: _Call -> the call that must fail)
+BREAKS = {
+    "shape-set": [lambda c: c.run(c.context(skip=C.POSITION_IDS)),
+                  lambda c: c.refused("shape-set", c.context().set_input_shape(C.LOGITS, (1, 1, 8)))],
+    "profile": [lambda c: c.refused("profile", c.context().set_input_shape(C.INPUT_IDS, (1, 10_000))),
+                # two inputs that disagree on a shared axis (past_len), each inside the profile
+                lambda c: c.run(c.context(shapes={C.past_key(0): (1, 1, *c.src.shapes[C.past_key(0)][2:])}))],
+    "own-profile": [lambda c: (c.context(), c.context()),  # a second context asks for the first one's profile
+                    lambda c: c.run(c.engine.create_execution_context(c.strategy))],  # no profile at all
+    "address-set": [lambda c: c.run(c.context(skip=C.LOGITS)),
+                    lambda c: c.refused("address-set", c.context().set_tensor_address("no_such_tensor", 1 << 20))],
+    "alignment": [lambda c: c.context().set_device_memory(c.src.device_memory[0] + 64, c.src.device_memory[1]),
+                  lambda c: c.refused("alignment", c.context().set_tensor_address(
+                      C.INPUT_IDS, c.src.addresses[C.INPUT_IDS] + 64))],
+    "empty": [lambda c: _bind_to(c, c.empty_input(), 0),
+              lambda c: _bind_to(c, c.empty_input(), c.src.addresses[C.INPUT_IDS])],
+    "device-memory": [lambda c: _bind_to(c, C.INPUT_IDS, c.host_buffer(4096)),
+                      # 3 ids (24 bytes) from the start of an 8-byte device buffer: past its end
+                      lambda c: _bind_to(c, C.INPUT_IDS, c.mem.zeros((1,), torch.int64).data_ptr()),
+                      lambda c: c.context().execute_async_v3(0xBAD),
+                      lambda c: (ctx := c.context(), ctx.set_device_memory(c.host_buffer(c.src.device_memory[1]),
+                                                                           c.src.device_memory[1]), c.run(ctx))],
+    "context-memory": [lambda c: c.run(c.context(memory=False)),
+                       lambda c: (ctx := c.context(), ctx.set_device_memory(c.src.device_memory[0], 256),
+                                  c.run(ctx)),
+                       # a tensor bound inside the context's memory (a device allocation, aligned)
+                       lambda c: _bind_to(c, C.INPUT_IDS, c.src.device_memory[0] + 256)],
+    "sync": [_read_before_sync, _input_written_on_another_stream],
+    "dtype": [lambda c: _bind_to(c, C.INPUT_IDS, c.mem.zeros((1024,), torch.float32).data_ptr())],
+    "runtime-config": [_freed_runtime_config],
+}
+
+
+@pytest.fixture(scope="module")
+def ran(engines) -> EagleRuntime:
+    rt = emulated_runtime(engines("fp32"))
+    rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, tree=TREE, stop_on_eos=False)
+    return rt
+
+
+def test_every_emulator_rule_has_a_break_here() -> None:
+    from eagle_export.tools.testing.trt_emulator import RULES
+
+    assert sorted(BREAKS) == sorted(RULES)
+
+
+@pytest.mark.parametrize("rule, i", [(r, i) for r, ways in BREAKS.items() for i in range(len(ways))])
+def test_the_emulator_reports_each_rule_broken_on_purpose(ran, rule, i):
+    """The hand-made call runs as given (the baseline); the same call with one rule broken fails with that rule."""
+    c = _Call(ran)
+    assert c.run(c.context()) is True and not c.logger.errors  # the baseline call is valid
+    c.be.stream.synchronize()
+    c = _Call(ran)
+    with pytest.raises(RuleViolation) as info:
+        BREAKS[rule][i](c)
+    assert info.value.rule == rule, str(info.value)
+    c.be.stream.synchronize()

@@ -88,6 +88,47 @@ def test_tune_writes_the_winner(art, ids_file):
     assert g["tree"] == out["winner"]["tree"]
 
 
+# tune --confirm's ranking under a deterministic stand-in for the measurement: tree -> (EAGLE tok/s, no-draft tok/s)
+# of its first pass, then of every later pass. The first pass ranks A > B > D > E = C > F (E and C tie on speedup,
+# E with more EAGLE tok/s); the confirming passes reorder the best three: B (1.45x over its six runs) > D (1.3x)
+# > A (1.0x, one lucky pass), all three still ahead of E and C (1.35x, measured once).
+A, B_, C_, D, E, F = (TreeParams(2, 2, 4), TreeParams(2, 1, 4), TreeParams(1, 2, 2), TreeParams(2, 2, 2),
+                      TreeParams(2, 1, 2), TreeParams(1, 1, 2))
+FAKE_TOK_S = {A: ((32, 20), (20, 20)), B_: ((30, 20), (29, 20)), D: ((28, 20), (26, 20)),
+              C_: ((27, 20), (27, 20)), E: ((54, 40), (54, 40)), F: ((18, 20), (18, 20))}
+
+
+def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, monkeypatch):
+    """``PairedSession.measure`` replaced by a deterministic stand-in with its contract (one PromptRow per prompt,
+    speedup = EAGLE / no-draft tok/s): the best three of the grid's first pass are measured twice more, in the
+    order A B D, then D B A; each is ranked by the median over its six runs, ahead of every setting measured once
+    (which keep their first-pass order, ties by EAGLE tok/s); the winner is the best confirmed setting."""
+    from eagle_export.tools.commands.bench import PairedSession, PromptRow
+
+    calls: list[tuple[TreeParams, int]] = []
+
+    def measure(self, tree, max_new_tokens, *, parity=0, log=None, stop_on_eos=False, repeats=1, peer=None):
+        first, later = FAKE_TOK_S[tree]
+        e, n = first if not any(t == tree for t, _ in calls) else later
+        calls.append((tree, parity))
+        return [PromptRow(spec.source, len(ids), max_new_tokens, 1.5, max_new_tokens // 2, float(e), float(n), e / n,
+                          True, 0.1, 0.03, 0.05, 0.02, [1] * (max_new_tokens // 2))
+                for spec, ids in zip(self.specs, self.prompt_ids, strict=True)]
+
+    monkeypatch.setattr(PairedSession, "measure", measure)
+    report = T.tune(art, prompts=ids_file, max_new_tokens=4, top_k="1,2", depth="1,2", total_tokens="2,4",
+                    threads=1, refine=False, warmup=False, spin=None, confirm=3)
+    grid = T.Grid.parse("1,2", "1,2", "2,4").settings()
+    grid = [t for t in grid if t.total_tokens <= t.max_candidates]
+    assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A]  # the confirming passes interleaved, then reversed
+    assert [p for _, p in calls] == [2 * i for i in range(len(calls))]  # each pass continues the order's rotation
+    assert [r.tree for r in report.rows] == [B_, D, A, E, C_, F]
+    assert [r.confirmed for r in report.rows] == [True] * 3 + [False] * 3
+    assert [r.runs for r in report.rows] == [6] * 3 + [2] * 3
+    assert [r.speedup for r in report.rows] == [1.45, 1.3, 1.0, 1.35, 1.35, 0.9]
+    assert report.winner.tree == B_ and not report.lossy
+
+
 def test_spin_stage_picks_the_fastest_policy_and_the_runtime_defaults_to_it(art, ids_file):
     """tune --spin auto measures every candidate policy with the default tree (lossless), keeps the one with the most
     EAGLE tokens/s, runs the tree stages with it and records it; the runtime then opens with it unless told
