@@ -18,6 +18,8 @@ from eagle_export.export.draft_tree import DraftTree
 from eagle_export.export.loaders import load_draft_head, load_target
 from eagle_export.manifest import load_manifest
 from eagle_export.runtime import EagleRuntime
+from eagle_export.runtime.tree import TreeGrower
+from eagle_export.tools.testing.tiny_models import make_tiny_draft, make_tiny_eagle3_draft, make_tiny_target
 from eagle_export.tree_params import TreeParams
 
 MODELS = [pytest.param("mha", dict(fc_bias=True), id="eagle1-mha"),
@@ -152,3 +154,121 @@ def test_tensorrt_rtx_builds_the_tree_graph(models):
     profile = make_profile("round", entry, {C.BATCH: (1, 1, 1), C.NEW_TOKENS: (1, 4, 8), C.PAST_LEN: (0, 32, 64)})
     built = B.build_graph(load_lib("tensorrt-rtx"), art / entry.file, C.DRAFT_TREE_GRAPH, entry.spec, [profile])
     assert len(built.data) > 10_000 and [p.name for p in built.profiles] == ["round"]
+
+
+def _grow_level_by_level(head, context_top_k: int, k: int, depth: int, embeds, feats, pos, mask, last: int, past):
+    """One sequence's round as the step graph grows it: the head's own forward (``forward_hidden``) over the context
+    rows, then one call per level, ``TreeGrower`` choosing each frontier on the host. Returns what the tree graph
+    returns for this sequence (scores, tokens, parents, context top-k log-probs and ids, context hidden, presents)."""
+    def step(emb, f, hidden, p, m, cache, width):
+        h, *new = head.forward_hidden(emb, f, hidden, p, m, *cache)
+        vals, ids = torch.topk(torch.log_softmax(head.logits(h), dim=-1), width, dim=-1)
+        return vals[0], head.map_ids(ids)[0], h[0], new
+
+    vals, ids, h, presents = step(embeds, feats, embeds[:, :0], pos, mask, past, context_top_k)
+    grower = TreeGrower(TreeParams(k, depth, k))
+    front = grower.add_root_children(vals[last].numpy(), ids[last].numpy())
+    cache = [torch.cat((p, n), dim=1) for p, n in zip(past, presents, strict=True)]
+    rows = h[last:last + 1]  # the hidden the level-1 nodes are fed from (parent row 0)
+    for level in range(1, depth + 1):
+        m = torch.cat((mask[:, last:last + 1].expand(1, k, -1), torch.from_numpy(front.tree_mask.copy())[None]), -1)
+        p = pos[:, last:last + 1].expand(1, k) + level
+        emb = head.embed_tokens(torch.from_numpy(front.tokens.copy()))[None]
+        v, t, rows_next, new = step(emb, feats[:, :0], rows[torch.from_numpy(front.parent_rows.copy())][None], p, m,
+                                    cache, k)
+        cache = [torch.cat((c, n), dim=1) for c, n in zip(cache, new, strict=True)]
+        front, rows = grower.add_children(v.numpy(), t.numpy()), rows_next
+    return (grower.scores, grower.candidate_tokens, grower.candidate_parents, vals[last].numpy(), ids[last].numpy(),
+            h[last].numpy(), [x[0].numpy() for x in presents])
+
+
+# Heads of every reading the tree graph implements by hand (export/draft_tree.py mirrors their forward_hidden):
+# EAGLE-1/2 with q/k/v biases, HASS norms and two layers on a GQA target; EAGLE-3 with fc_norm and norm_output,
+# norm_before_fc and norm_before_residual with two layers, ModelOpt's first-layer norm, a sliding window.
+HEADS = [
+    pytest.param("qwen2", "eagle1", dict(qkv_bias=True), id="eagle1-qkvbias"),
+    pytest.param("gqa", "eagle1", dict(hass=True, num_layers=2), id="eagle1-hass-2layers-gqa"),
+    pytest.param("mha", "eagle3", dict(layout="specforge", fc_norm=True, norm_output=True, draft_vocab_size=32),
+                 id="eagle3-fcnorm-normoutput"),
+    pytest.param("gqa", "eagle3", dict(layout="speculators", norm_before_fc=True, num_layers=2), id="eagle3-2layers"),
+    pytest.param("mha", "eagle3", dict(layout="modelopt", num_layers=2, draft_vocab_size=32), id="eagle3-modelopt"),
+    pytest.param("gqa", "eagle3", dict(layout="speculators", layer_types=["sliding_attention"], sliding_window=4),
+                 id="eagle3-window"),
+]
+
+
+@pytest.mark.parametrize("preset, variant, kw", HEADS)
+@pytest.mark.parametrize("k, depth", [(1, 3), (3, 3)])
+def test_tree_graph_grows_what_the_head_grows_level_by_level(tmp_path, preset, variant, kw, k, depth):
+    """The tree graph's module, eagerly, against the head's own forward grown level by level with the host's
+    TreeGrower (what the step graph does), for two sequences in one call with ragged context and padding rows: the
+    same candidates (tokens, parents), the same scores, context row and presents, for every head reading."""
+    torch.manual_seed(0)
+    target = make_tiny_target(tmp_path / "t", preset, seed=0, with_tokenizer=False, vocab_size=48,
+                              **({"num_hidden_layers": 8} if variant == "eagle3" and preset == "mha" else {}))
+    make = make_tiny_draft if variant == "eagle1" else make_tiny_eagle3_draft
+    draft = make(tmp_path / "d", target, seed=1, **kw)
+    tgt = load_target(target, dtype=torch.float32, progress=False)
+    head = load_draft_head(draft, tgt).head.eval()
+    module = DraftTree(head, 4, k, depth).eval()
+    rng = np.random.default_rng(5)
+    b, n, past, dim = 2, 6, 9, head.fc.out_features
+    feat_dim = head.fc.in_features if variant == "eagle3" else dim
+    mask = np.zeros((b, n, past + n), dtype=bool)
+    mask[0, :, :past] = True
+    mask[1, :, :4] = True  # the second sequence owns 4 of the past rows and 4 context rows, then padding
+    mask[:, :, past:] = np.tri(n, dtype=bool)
+    mask[1, 4:, past:] = False
+    mask[1, 4, past + 4] = mask[1, 5, past + 5] = True
+    pos = np.stack([np.arange(past, past + n), np.r_[np.arange(4, 8), 8, 8]])
+    last = [n - 1, 3]
+    embeds = torch.from_numpy(rng.standard_normal((b, n, dim)).astype(np.float32))
+    feats = torch.from_numpy(rng.standard_normal((b, n, feat_dim)).astype(np.float32))
+    cache = [torch.from_numpy(rng.standard_normal((b, past, module.n_kv, module.hd)).astype(np.float32))
+             for _ in range(2 * head.num_layers)]
+    with torch.no_grad():
+        got = module(embeds, feats, torch.from_numpy(pos), torch.from_numpy(mask), torch.tensor(last), *cache)
+        for s, own_past, own_rows in ((0, past, n), (1, 4, 4)):
+            rows = slice(0, own_rows)
+            own = np.concatenate((mask[s:s + 1, rows, :own_past], mask[s:s + 1, rows, past:past + own_rows]), -1)
+            want = _grow_level_by_level(
+                head, 4, k, depth, embeds[s:s + 1, rows], feats[s:s + 1, rows], torch.from_numpy(pos[s:s + 1, rows]),
+                torch.from_numpy(own), last[s], [c[s:s + 1, :own_past] for c in cache])
+            np.testing.assert_array_equal(got[1][s].numpy(), want[1], err_msg="tokens")
+            np.testing.assert_array_equal(got[2][s].numpy(), want[2], err_msg="parents")
+            np.testing.assert_array_equal(got[4][s].numpy(), want[4], err_msg="context ids")
+            np.testing.assert_allclose(got[0][s].numpy(), want[0], atol=2e-5, err_msg="scores")
+            np.testing.assert_allclose(got[3][s].numpy(), want[3], atol=2e-5, err_msg="context log-probs")
+            np.testing.assert_allclose(got[5][s].numpy(), want[5], atol=2e-5, err_msg="context hidden")
+            for g, w in zip(got[6:], want[6], strict=True):
+                np.testing.assert_allclose(g[s, rows].numpy(), w, atol=2e-5, err_msg="presents")
+
+
+def _optimized_nodes(path) -> list[str]:
+    """Op types of a graph as ONNX Runtime's CPU provider runs it (all optimisations, written back out)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/optimized.onnx"
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = out
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        return [node.op_type for node in onnx.load(out, load_external_data=False).graph.node]
+
+
+@pytest.mark.parametrize("head", ["eagle1", "eagle3"])
+def test_tree_graph_of_the_trained_fixture_is_small(trained, head):
+    """The fixture's default trees (a depth-6 chain, a top_k 2 depth-4 tree) run as at most 250 nodes after ONNX
+    Runtime's optimisation (690 and 626 before the static-shape graph), none of them shape arithmetic: a call costs
+    few nodes per level (docs/runtime.md, "The draft tree graph")."""
+    art = trained(head)
+    m = load_manifest(art)
+    ops = _optimized_nodes(art / m.graphs[C.DRAFT_TREE_GRAPH].file)
+    assert len(ops) <= 250, (len(ops), sorted(set(ops)))
+    assert not {"Shape", "ConstantOfShape", "Range", "Expand"} & set(ops), sorted(set(ops))
