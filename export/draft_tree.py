@@ -10,7 +10,8 @@ draft rows the cache keeps) and the last context row's top-k and hidden (so a ro
 by level from them).
 
 The graph is traced for one ``top_k`` and one ``depth``: every level's row count is a Python int, so its shapes are
-constants.
+constants. A graph of depth d is the first d levels of a deeper one: the export traces each top_k's graph to the
+artifact's ``max_depth``, and the runtime cuts it to a round's depth (``runtime/tree_graph.py``).
 
 What keeps a call cheap (docs/runtime.md, "The draft tree graph"): ONNX Runtime's CPU provider pays a few
 microseconds per node whatever it computes, and a draft head streams its weights once per level, so the graph has
@@ -132,16 +133,17 @@ class DraftTree(nn.Module):
     """Context pass + ``depth`` tree levels of a draft head, with the frontier selection inside the graph.
 
     head: ``modules.Eagle1Head`` or ``modules.Eagle3Head``. context_top_k: the width of the context row's top-k
-    output (the step graph's, ``max_top_k``). top_k, depth: the tree the graph grows.
+    output (the step graph's, ``max_top_k``). top_k, depth: the tree the graph grows. plain: every weight a MatMul's
+    operand (no Gemm), for weight quantization, which rewrites MatMuls (export/quantize_artifact.py).
     """
 
-    def __init__(self, head: nn.Module, context_top_k: int, top_k: int, depth: int):
+    def __init__(self, head: nn.Module, context_top_k: int, top_k: int, depth: int, plain: bool = False):
         super().__init__()
         if not 1 <= top_k <= context_top_k or depth < 1:
             raise ValueError(f"a draft tree graph needs 1 <= top_k <= {context_top_k} and depth >= 1, got top_k "
                              f"{top_k}, depth {depth}")
         self.head = head
-        self.context_top_k, self.top_k, self.depth = context_top_k, top_k, depth
+        self.context_top_k, self.top_k, self.depth, self.plain = context_top_k, top_k, depth, plain
         self.eagle3 = head.variant == "eagle3"
         for i in range(head.num_layers):
             if getattr(self._layer(i).self_attn, "q_norm", None) is not None:
@@ -247,8 +249,7 @@ class DraftTree(nn.Module):
         """The layer after its attention: o_proj and the residual, then the MLP and its residual. On 2-D rows each
         projection and its residual are one ``Gemm`` (the residual as its C)."""
         o_proj, mlp = layer.self_attn.o_proj, layer.mlp
-        plain = o.dim() != 2 or o_proj.bias is not None or mlp.down_proj.bias is not None
-        if plain:
+        if o.dim() != 2 or self.plain or o_proj.bias is not None or mlp.down_proj.bias is not None:
             h = res + o_proj(o)
             return h + mlp(layer.post_attention_layernorm(h))
         # addmm: Gemm(A, W^T, C), W^T stored as the step graph stores it (one copy in the artifact)
@@ -272,6 +273,7 @@ class DraftTree(nn.Module):
         k, depth, n_layers = self.top_k, self.depth, self.head.num_layers
         nkv, g, hd, width = self.n_kv, self.group, self.hd, self.n_heads * self.hd
         chain = k == 1
+        flat = chain and not self.plain  # a chain's levels on 2-D rows, q [B, kv, g, hd] against [B, kv, S, hd]
         layers = [self._layer(i) for i in range(n_layers)]
         last, last3 = last_row.reshape(-1, 1), last_row.reshape(-1, 1, 1)
         # Positions: the context rows', then the tree levels' (the root's + 1 .. + depth), one rotary table.
@@ -330,7 +332,7 @@ class DraftTree(nn.Module):
         # its ancestors, itself. A chain's nodes see every tree row; a wider tree's carry their own rows.
         full = [i for i in range(n_layers) if i not in self.window_layers]
         base = root_bias(full[0] if full else 0)  # [B, S]
-        if chain:
+        if flat:
             out_s, out_t = [ctx_vals[:, :1]], [ctx_ids[:, :1]]  # [B, 1]
             scores, tokens, hidden = out_s[0], ctx_ids[:, 0], ctx_h  # [B, 1], [B], [B, H]
             node_bias = _pad_end(_reshape(base, 0, 1, 1, -1), 1)  # [B, 1, 1, S + 1]
@@ -338,14 +340,18 @@ class DraftTree(nn.Module):
             scores, tokens = ctx_vals[:, :k], ctx_ids[:, :k]  # [B, k]
             out_s, out_t = [scores.reshape(-1, 1, k)], [tokens.reshape(-1, 1, k)]
             scores = scores.reshape(-1, k, 1)
-            hidden = ctx_h.unsqueeze(1).repeat(1, k, 1)  # [B, k, H]
-            eye = _const(base, [0.0 if i == j else MASK_MIN for i in range(k) for j in range(k)], torch.float32,
-                         (1, k, 1, 1, k))
-            eye = _reshape(base[:, :1], 0, 1, 1, 1, -1) * 0 + eye  # [B, k, 1, 1, k]
-            node_bias = torch.cat((_reshape(base, 0, 1, 1, 1, -1).repeat(1, k, 1, 1, 1), eye), dim=-1)
+            hidden = ctx_h.unsqueeze(1) if chain else ctx_h.unsqueeze(1).repeat(1, k, 1)  # [B, k, H]
+            base5 = _reshape(base, 0, 1, 1, 1, -1)
+            if chain:
+                node_bias = _pad_end(base5, 1)
+            else:
+                eye = _const(base, [0.0 if i == j else MASK_MIN for i in range(k) for j in range(k)], torch.float32,
+                             (1, k, 1, 1, k))
+                eye = _reshape(base[:, :1], 0, 1, 1, 1, -1) * 0 + eye  # [B, k, 1, 1, k]
+                node_bias = torch.cat((base5.repeat(1, k, 1, 1, 1), eye), dim=-1)
             caches = [[c.unsqueeze(1) for c in kv] for kv in caches]  # [B, 1, kv, S, hd]
         bests = []
-        rows_shape = (-1, 1, nkv, g + 2, hd) if chain else (-1, k, nkv, g + 2, hd)
+        rows_shape = (-1, 1, nkv, g + 2, hd) if flat else (-1, k, nkv, g + 2, hd)
         for level in range(1, depth + 1):
             x, res = self._first_input(self.head.embed_tokens(tokens), hidden, False)
             cs_l = cs_tree[level - 1]
@@ -353,22 +359,23 @@ class DraftTree(nn.Module):
                 attn = layer.self_attn
                 if i:
                     x, res = layer.input_layernorm(h), h
-                if chain:  # q [B, kv, g, hd], k/v [B, kv, 1, hd]: the cache's own layout
+                if flat:  # q [B, kv, g, hd], k/v [B, kv, 1, hd]: the cache's own layout
                     q, kn, vn = self._qkv(attn, x, cs_l, rows_shape, (1, -2))
                 else:  # [B, k, kv, ., hd]; k/v to [B, 1, kv, k, hd]
                     q, kn, vn = self._qkv(attn, x, cs_l, rows_shape, -2)
-                    kn, vn = kn.permute(0, 3, 2, 1, 4), vn.permute(0, 3, 2, 1, 4)
+                    if k > 1:
+                        kn, vn = kn.permute(0, 3, 2, 1, 4), vn.permute(0, 3, 2, 1, 4)
                 keys, values = (torch.cat((c, n), dim=-2) for c, n in zip(caches[i], (kn, vn), strict=True))
                 caches[i] = [keys, values]
                 bias = node_bias
                 if i in self.window_layers:  # the window moves with the level: context keys beyond it are hidden
                     moved = _reshape(root_bias(i, level) - base, 0, 1, 1, -1)
-                    if not chain:
+                    if not flat:
                         moved = moved.unsqueeze(1)
                     bias = bias + _pad_end(moved, level * k)
-                o = self._attend(attn, q, keys, values, bias, (-1, width) if chain else (-1, k, width))
+                o = self._attend(attn, q, keys, values, bias, (-1, width) if flat else (-1, k, width))
                 h = self._after_attention(layer, res, o)
-            h = self._output_state(h)  # [B, H] (chain) or [B, k, H]
+            h = self._output_state(h)  # [B, H] (flat) or [B, k, H]
             v, t = self._logprobs(h, k)  # [B, 1] or [B, k, k]: node i's k children
             cand = scores + v
             out_s.append(cand)
@@ -376,7 +383,7 @@ class DraftTree(nn.Module):
             if level == depth:
                 break
             if chain:  # the one child is the next frontier, fed from this level's only row
-                scores, tokens, hidden = cand, t.reshape(-1), h
+                scores, tokens, hidden = cand, t.reshape(-1) if flat else t.reshape(-1, 1), h
                 node_bias = _pad_end(node_bias, 1)
                 continue
             # The best k of the k x k children (ties: the lower index first, ONNX TopK, as the grower)
@@ -389,10 +396,17 @@ class DraftTree(nn.Module):
 
         # Parents: -1 for the root's children; a level's children point at its frontier node (level 1's frontier is
         # the root's children 0..k-1; a later one is its best picks, offset by the candidates before that level).
+        # The outputs end as runtime/tree_graph.py expects to cut them to fewer levels: each a Concat of one piece per
+        # level, or (parents) an Add of a constant with one entry per candidate (and, wider than a chain, a Gather by
+        # a constant of a Concat of one pick per level), behind a depth-free Reshape.
         n = k + depth * k * k
         if chain:
             parents = last * 0 + _const(last_row, range(-1, n - 1), torch.int64, (1, n))
-            return (torch.cat(out_s, dim=1), torch.cat(out_t, dim=1), parents, ctx_vals, ctx_ids, ctx_h, *presents)
+            if flat:
+                return (torch.cat(out_s, dim=1), torch.cat(out_t, dim=1), parents, ctx_vals, ctx_ids, ctx_h,
+                        *presents)
+            return (_reshape(torch.cat(out_s, dim=1), 0, -1), _reshape(torch.cat(out_t, dim=1), 0, -1), parents,
+                    ctx_vals, ctx_ids, ctx_h, *presents)
         cols, offs = [0] * k, [-1] * k  # per candidate: its parent's column in ``front``, and the offset added
         for level in range(1, depth + 1):
             for i in range(k):
@@ -401,6 +415,6 @@ class DraftTree(nn.Module):
                 offs += [off] * k
         front = torch.cat((last3 * 0, *bests), dim=1)  # [B, 1 + (depth - 1) k, 1]
         parents = (torch.index_select(front, 1, _const(last_row, cols, torch.int64))
-                   + _const(last_row, offs, torch.int64, (n, 1))).reshape(-1, n)
-        return (torch.cat(out_s, dim=1).reshape(-1, n), torch.cat(out_t, dim=1).reshape(-1, n), parents, ctx_vals,
-                ctx_ids, ctx_h, *presents)
+                   + _const(last_row, offs, torch.int64, (n, 1)))
+        return (_reshape(torch.cat(out_s, dim=1), 0, -1), _reshape(torch.cat(out_t, dim=1), 0, -1),
+                _reshape(parents, 0, -1), ctx_vals, ctx_ids, ctx_h, *presents)

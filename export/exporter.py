@@ -58,6 +58,9 @@ DEFAULT_MAX_SEQ_LEN = 2048
 # the checkpoint streamed tensor by tensor into the data files). Smaller ones are loaded whole and traced with
 # their weights, as before; both paths give the same graphs' values (tests/test_export_lean.py).
 LEAN_THRESHOLD_BYTES = 256 << 20
+# The top_k values the export writes a draft tree graph for (contract 6), besides the default tree's: the trees a CPU
+# decodes fastest with (docs/tune.md). Each graph grows --max-depth levels; the runtime cuts it to a round's depth.
+DEFAULT_TREE_GRAPH_TOP_K = (1, 2, 3, 4)
 
 
 @dataclass
@@ -75,13 +78,25 @@ class ExportOptions:
     lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
     # Also write the fused target graph ONNX Runtime runs (contract 4), where its operator supports the target.
     fused: bool = True
-    # Also write the draft tree graph (contract 5): a round's draft work in one call, for the default tree's shape.
+    # Also write the draft tree graphs (contract 6): a round's draft work in one call, one graph per top_k.
     draft_tree: bool = True
+    # The top_k values to write a draft tree graph for (None: DEFAULT_TREE_GRAPH_TOP_K and the default tree's; values
+    # above --max-top-k are left out).
+    draft_tree_top_k: tuple[int, ...] | None = None
     # How the head is read (export/readings.py): auto (the writer's reading where the files name it), config, or a
     # writer's reading forced.
     head_reading: str = "auto"
     # Weight-only int4/int8 quantization of the MatMul weights (export/quantize_artifact.py); None: float weights.
     quantize: QuantizeOptions | None = None
+
+
+def tree_graph_top_k(options: ExportOptions) -> list[int]:
+    """The top_k values the export writes a draft tree graph for (none without --draft-tree or with --max-depth 0)."""
+    lim = options.limits
+    if not options.draft_tree or lim.max_depth < 1:
+        return []
+    ks = DEFAULT_TREE_GRAPH_TOP_K if options.draft_tree_top_k is None else options.draft_tree_top_k
+    return sorted({k for k in (*ks, options.tree.top_k) if 1 <= k <= lim.max_top_k})
 
 
 def fused_unsupported(head_dim: int, dtype_name: str, model: torch.nn.Module | None = None,
@@ -362,14 +377,14 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
         log.info("no fused target graph for this target: %s; ONNX Runtime runs the standard graph", why_not)
     fspec = C.target_fused_spec(num_layers=tinfo.num_layers, kv_heads=tinfo.kv_heads, head_dim=tinfo.head_dim,
                                 vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
-    tree = options.tree
-    xspec = C.draft_tree_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                              feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=tree.top_k,
-                              tree_depth=tree.depth, dtype=dtype_name, num_layers=dinfo.num_layers)
-    n_cand = tree.max_candidates
-    tree_axes = {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
-                 C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [tree.top_k, tree.top_k],
-                 C.TREE_DEPTH: [tree.depth, tree.depth], C.TREE_CANDIDATES: [n_cand, n_cand]}
+    # One draft tree graph per top_k, each grown --max-depth levels (cut to a round's depth when it runs).
+    tree_ks, depth = tree_graph_top_k(options), lim.max_depth
+    xspecs = {k: C.draft_tree_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
+                                   feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=k,
+                                   dtype=dtype_name, num_layers=dinfo.num_layers) for k in tree_ks}
+    tree_axes = {k: {C.BATCH: [1, options.max_batch], C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
+                     C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [k, k], C.TREE_DEPTH: [1, depth],
+                     C.TREE_CANDIDATES: [k + k * k, k + depth * k * k]} for k in tree_ks}
     draft_positions = seq + lim.max_depth
     if draft_positions > dinfo.max_position_embeddings:
         log.warning(
@@ -413,20 +428,24 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
             _export_graph(DraftStep(head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
                           dspec, tmp / f"{C.DRAFT_GRAPH}.onnx", sources, wbar)
             steps.update()
-            if options.draft_tree:
-                steps.set_postfix_str("tracing draft tree graph")
+            if tree_ks:
+                steps.set_postfix_str(f"tracing draft tree graphs (top_k {', '.join(map(str, tree_ks))})")
                 last_row = torch.tensor([t - 1, t - 2], dtype=torch.long)[:b]
                 feats_all = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
-                _export_draft_tree(DraftTree(head, lim.max_top_k, tree.top_k, tree.depth).eval(),
-                                   (embeds, feats_all, pos, mask, last_row, *dpast), xspec, tmp, sources)
+                for k in tree_ks:
+                    # Quantization rewrites MatMuls: a quantized artifact's tree graphs keep every weight in one.
+                    module = DraftTree(head, lim.max_top_k, k, depth, plain=options.quantize is not None).eval()
+                    _export_draft_tree(module,
+                                       (embeds, feats_all, pos, mask, last_row, *dpast), xspecs[k], tmp, sources,
+                                       tree_ks[0])
             else:
                 steps.set_postfix_str("no draft tree graph")
             steps.update()
         quantization = None
         if options.quantize is not None:
             steps.set_postfix_str(f"quantizing weights to int{options.quantize.bits}")
-            graphs = [C.TARGET_GRAPH, C.DRAFT_GRAPH] + ([C.TARGET_FUSED_GRAPH] if why_not is None else []) + (
-                [C.DRAFT_TREE_GRAPH] if options.draft_tree else [])
+            graphs = [C.TARGET_GRAPH, C.DRAFT_GRAPH] + ([C.TARGET_FUSED_GRAPH] if why_not is None else []) + [
+                C.tree_graph(k) for k in tree_ks]
             quantization = quantize_artifact_graphs(tmp, options.quantize, graphs)
             steps.update()
         table = _draft_table(tmp, target, head, sources, dtype)
@@ -444,8 +463,7 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
                 C.DRAFT_GRAPH: GraphEntry(f"{C.DRAFT_GRAPH}.onnx", dspec, draft_axes),
                 **({C.TARGET_FUSED_GRAPH: GraphEntry(f"{C.TARGET_FUSED_GRAPH}.onnx", fspec, fused_axes)}
                    if why_not is None else {}),
-                **({C.DRAFT_TREE_GRAPH: GraphEntry(f"{C.DRAFT_TREE_GRAPH}.onnx", xspec, tree_axes)}
-                   if options.draft_tree else {}),
+                **{C.tree_graph(k): GraphEntry(f"{C.tree_graph(k)}.onnx", xspecs[k], tree_axes[k]) for k in tree_ks},
             },
             has_tokenizer=any(f.name in ("tokenizer.json", "tokenizer.model") for f in target.tokenizer_files),
             draft_embedding=table,
@@ -489,14 +507,17 @@ def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_row
 
 
 def _export_draft_tree(module: DraftTree, args: tuple, spec: C.GraphSpec, directory: Path,
-                       sources: dict[int, Source] | None) -> None:
-    """Trace the draft tree graph; the weights it shares with the step graph (the head, lm_head) and the target
-    graph (the embedding table) are stored once, in their data files."""
-    path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
+                       sources: dict[int, Source] | None, first_top_k: int) -> None:
+    """Trace a draft tree graph; the weights it shares with the step graph (the head, lm_head), the target graph
+    (the embedding table) and the first tree graph (what the tree graphs lay out their own way: q, k and v as one
+    matrix) are stored once, in their data files."""
+    path = directory / f"{spec.name}.onnx"
     _export_graph(module, args, spec, path, sources)
-    share_weights(path, directory / f"{C.DRAFT_GRAPH}.onnx")
-    if (directory / (path.name + ".data")).exists():
-        share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
+    others = [C.DRAFT_GRAPH, C.TARGET_GRAPH] + ([C.tree_graph(first_top_k)] if spec.name != C.tree_graph(first_top_k)
+                                               else [])
+    for other in others:
+        if (directory / (path.name + ".data")).exists():
+            share_weights(path, directory / f"{other}.onnx")
 
 
 def _draft_table(directory: Path, target: LoadedTarget, head: torch.nn.Module, sources: dict[int, Source] | None,

@@ -1,9 +1,10 @@
-"""The draft tree graph (contract 5, export/draft_tree.py): a round's context pass and tree levels in one call.
+"""The draft tree graphs (contract 6, export/draft_tree.py): a round's context pass and tree levels in one call.
 
-It must grow exactly the trees the step graph grows level by level with the host's ``TreeGrower`` (same candidates,
-same frontier choice, same verify tree, round after round), in one draft call per round, and fall back to the step
-graph for trees it was not traced for. Losslessness on it is shown by test_lossless, test_batched and test_oracle,
-which run it wherever the round's tree fits (the session's artifacts carry one for the default tree).
+They must grow exactly the trees the step graph grows level by level with the host's ``TreeGrower`` (same candidates,
+same frontier choice, same verify tree, round after round), in one draft call per round, at any depth up to the
+artifact's (the runtime cuts a graph to a round's depth, runtime/tree_graph.py), and leave trees of a top_k without
+a graph to the step graph. Losslessness on them is shown by test_lossless, test_batched and test_oracle, which run
+them wherever the round's tree fits (the session's artifacts carry graphs for top_k 1 to 4).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def test_tree_graph_grows_the_step_graphs_trees_in_one_call_a_round(models, pres
     _, _, art = models(preset, **kw)
     m = load_manifest(art)
     graph_tree = m.tree_defaults
-    assert m.graphs[C.DRAFT_TREE_GRAPH].axes[C.TREE_TOP_K] == [graph_tree.top_k] * 2
+    graphs = C.tree_graphs(m.graphs)
+    assert set(graphs) == {1, 2, 3, 4} and {d for _, d in graphs.values()} == {m.tree_limits.max_depth}
+    assert m.graphs[graphs[graph_tree.top_k][0]].axes[C.TREE_TOP_K] == [graph_tree.top_k] * 2
     one = EagleRuntime.open(art, threads=1)
     levels = EagleRuntime.open(art, threads=1, draft_tree=False)
     assert one.backend.tree_graph == C.DRAFT_TREE_GRAPH and levels.backend.tree_graph is None
@@ -49,7 +52,9 @@ def test_tree_graph_grows_the_step_graphs_trees_in_one_call_a_round(models, pres
     vocab = m.target.vocab_size
     shallower = TreeParams(top_k=graph_tree.top_k, depth=graph_tree.depth - 1, total_tokens=graph_tree.top_k + 2)
     other_k = TreeParams(top_k=graph_tree.top_k - 1, depth=graph_tree.depth, total_tokens=5)
-    for tree in (graph_tree, shallower, other_k):
+    deeper = TreeParams(top_k=2, depth=m.tree_limits.max_depth, total_tokens=9)
+    no_graph = TreeParams(top_k=5, depth=2, total_tokens=6)  # no graph for top_k 5: the step graph, level by level
+    for tree in (graph_tree, shallower, other_k, deeper, no_graph):
         for _ in range(2):
             prompt = rng.integers(3, vocab, int(rng.integers(2, 40))).tolist()
             got, got_trees = _rounds(one, prompt, 24, tree)
@@ -59,9 +64,9 @@ def test_tree_graph_grows_the_step_graphs_trees_in_one_call_a_round(models, pres
             assert got_trees == want_trees, tree
             rounds = got.stats.rounds
             assert want.stats.draft_forwards == rounds * (tree.depth + 1)  # one prefill chunk, no context at the end
-            if tree.top_k == graph_tree.top_k:
+            if tree.top_k in graphs:
                 assert got.stats.draft_forwards == rounds  # the prefill's call, then one call per continuing round
-            else:  # a tree the graph was not traced for: level by level, as before
+            else:  # a tree no graph was traced for: level by level, as before
                 assert got.stats.draft_forwards == want.stats.draft_forwards
 
 
@@ -71,7 +76,7 @@ def test_tree_graph_grows_the_chain_of_the_trained_fixture(trained):
     acceptance (a trained head)."""
     art = trained("eagle1")
     m = load_manifest(art)
-    assert m.tree_defaults.top_k == 1 and m.graphs[C.DRAFT_TREE_GRAPH].axes[C.TREE_DEPTH][0] == m.tree_defaults.depth
+    assert m.tree_defaults.top_k == 1 and 1 in C.tree_graphs(m.graphs)
     one = EagleRuntime.open(art, threads=1)
     levels = EagleRuntime.open(art, threads=1, draft_tree=False)
     for prompt in ("def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"):
@@ -83,16 +88,30 @@ def test_tree_graph_grows_the_chain_of_the_trained_fixture(trained):
         assert got.stats.tau > 2.5  # the chain's depth reaches: a trained head accepts several tokens a round
 
 
-def test_tree_graph_equals_its_module_and_the_growers_choice(models):
-    """The traced graph against the eager module it came from, with a frontier choice that is decided by ties in
-    generation order: two sequences in one call, one past shared by neither."""
+def _tree_session(art, m, top_k: int, depth: int):
+    """An ONNX Runtime session of the artifact's draft tree graph for ``top_k``, cut to ``depth`` levels, as the
+    runtime makes it (runtime/tree_graph.py)."""
+    import onnx
     import onnxruntime as ort
 
+    from eagle_export.runtime.tree_graph import cut
+
+    name, most = C.tree_graphs(m.graphs)[top_k]
+    model = cut(onnx.load(str(art / m.graphs[name].file), load_external_data=False), top_k, depth, most)
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(art))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("top_k, depth", [(4, 3), (4, 8), (1, 5), (2, 1)])
+def test_tree_graph_equals_its_module_and_the_growers_choice(models, top_k, depth):
+    """A graph cut to a depth (its full depth: 8) against the eager module traced for that depth, with a frontier
+    choice that is decided by ties in generation order: two sequences in one call, one past shared by neither."""
     target, draft, art = models("mha", fc_bias=True)
     m = load_manifest(art)
     tgt = load_target(target, dtype=torch.float32, progress=False)
     head = load_draft_head(draft, tgt).head.eval()
-    tree = m.tree_defaults
+    tree = TreeParams(top_k, depth, top_k)
     module = DraftTree(head, m.tree_limits.max_top_k, tree.top_k, tree.depth).eval()
     d = m.draft
     rng = np.random.default_rng(0)
@@ -112,11 +131,13 @@ def test_tree_graph_equals_its_module_and_the_growers_choice(models):
     }
     for name in C.past_names(d.num_layers):
         feed[name] = rng.standard_normal((b, past, d.kv_heads, d.head_dim)).astype(np.float32)
-    sess = ort.InferenceSession(str(art / m.graphs[C.DRAFT_TREE_GRAPH].file), providers=["CPUExecutionProvider"])
-    got = dict(zip(m.graphs[C.DRAFT_TREE_GRAPH].spec.output_names, sess.run(None, feed), strict=True))
+    spec = m.graphs[C.tree_graph(top_k)].spec
+    sess = _tree_session(art, m, top_k, depth)
+    got = dict(zip(spec.output_names, sess.run(None, feed), strict=True))
+    assert got[C.TREE_SCORES].shape == (b, tree.max_candidates)
     with torch.no_grad():
-        want = module(*(torch.from_numpy(feed[k]) for k in m.graphs[C.DRAFT_TREE_GRAPH].spec.input_names))
-    want = dict(zip(m.graphs[C.DRAFT_TREE_GRAPH].spec.output_names, (w.numpy() for w in want), strict=True))
+        want = module(*(torch.from_numpy(feed[k]) for k in spec.input_names))
+    want = dict(zip(spec.output_names, (w.numpy() for w in want), strict=True))
     for k in (C.TREE_TOKENS, C.TREE_PARENTS, C.CONTEXT_TOPK_IDS):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
     for k in (C.TREE_SCORES, C.CONTEXT_TOPK_LOGPROBS, C.CONTEXT_HIDDEN, C.present_key(0)):
@@ -125,7 +146,7 @@ def test_tree_graph_equals_its_module_and_the_growers_choice(models):
     feed2 = {k: v.copy() for k, v in feed.items()}
     feed2[C.past_key(0)][1, 3:] += 5.0
     feed2[C.DRAFT_FEATURES][1, 3:] += 5.0
-    got2 = dict(zip(m.graphs[C.DRAFT_TREE_GRAPH].spec.output_names, sess.run(None, feed2), strict=True))
+    got2 = dict(zip(spec.output_names, sess.run(None, feed2), strict=True))
     np.testing.assert_array_equal(got2[C.TREE_TOKENS][1], got[C.TREE_TOKENS][1])
     np.testing.assert_allclose(got2[C.TREE_SCORES][1], got[C.TREE_SCORES][1], atol=1e-5)
     # Candidates are in the grower's generation order: level 1 under the root, then k x k per level, row-major.
@@ -140,9 +161,9 @@ def test_tree_graph_equals_its_module_and_the_growers_choice(models):
 
 
 def test_tensorrt_rtx_builds_the_tree_graph(models):
-    """The tree graph is standard operators (TopK, GatherElements, Concat): TensorRT-RTX builds it ahead of time, for
-    an EAGLE-3 head with a draft vocabulary (its d2t map inside). The runtime's TensorRT backend still drafts with
-    the step graph (docs/engines.md)."""
+    """The tree graphs are standard operators (TopK, GatherND, Concat, Reshape with 0 entries): TensorRT-RTX builds
+    one ahead of time, for an EAGLE-3 head with a draft vocabulary (its d2t map inside). The runtime's TensorRT backend
+    still drafts with the step graph (docs/engines.md)."""
     from eagle_export.engines import builder as B
     from eagle_export.engines.libs import load_lib
     from eagle_export.engines.profiles import make_profile
@@ -150,9 +171,10 @@ def test_tensorrt_rtx_builds_the_tree_graph(models):
     preset, kw = EAGLE3_MODELS["llama-d2t"]
     _, _, art = models(preset, **kw)
     m = load_manifest(art)
-    entry = m.graphs[C.DRAFT_TREE_GRAPH]
+    name = C.tree_graph(m.tree_defaults.top_k)
+    entry = m.graphs[name]
     profile = make_profile("round", entry, {C.BATCH: (1, 1, 1), C.NEW_TOKENS: (1, 4, 8), C.PAST_LEN: (0, 32, 64)})
-    built = B.build_graph(load_lib("tensorrt-rtx"), art / entry.file, C.DRAFT_TREE_GRAPH, entry.spec, [profile])
+    built = B.build_graph(load_lib("tensorrt-rtx"), art / entry.file, name, entry.spec, [profile])
     assert len(built.data) > 10_000 and [p.name for p in built.profiles] == ["round"]
 
 
@@ -244,21 +266,27 @@ def test_tree_graph_grows_what_the_head_grows_level_by_level(tmp_path, preset, v
                 np.testing.assert_allclose(g[s, rows].numpy(), w, atol=2e-5, err_msg="presents")
 
 
-def _optimized_nodes(path) -> list[str]:
-    """Op types of a graph as ONNX Runtime's CPU provider runs it (all optimisations, written back out)."""
+def _optimized_nodes(art, m, top_k: int, depth: int) -> list[str]:
+    """Op types of a draft tree graph cut to ``depth`` as ONNX Runtime's CPU provider runs it (all optimisations,
+    written back out)."""
     import tempfile
 
     import onnx
     import onnxruntime as ort
 
+    from eagle_export.runtime.tree_graph import cut
+
+    name, most = C.tree_graphs(m.graphs)[top_k]
+    model = cut(onnx.load(str(art / m.graphs[name].file), load_external_data=False), top_k, depth, most)
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/optimized.onnx"
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.optimized_model_filepath = out
         opts.log_severity_level = 3
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(art))
         opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
-        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         return [node.op_type for node in onnx.load(out, load_external_data=False).graph.node]
 
 
@@ -269,6 +297,6 @@ def test_tree_graph_of_the_trained_fixture_is_small(trained, head):
     few nodes per level (docs/runtime.md, "The draft tree graph")."""
     art = trained(head)
     m = load_manifest(art)
-    ops = _optimized_nodes(art / m.graphs[C.DRAFT_TREE_GRAPH].file)
+    ops = _optimized_nodes(art, m, m.tree_defaults.top_k, m.tree_defaults.depth)
     assert len(ops) <= 250, (len(ops), sorted(set(ops)))
     assert not {"Shape", "ConstantOfShape", "Range", "Expand"} & set(ops), sorted(set(ops))

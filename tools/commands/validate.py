@@ -198,11 +198,11 @@ def draft_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str,
     return cases
 
 
-def tree_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str, OrderedDict]]:
+def tree_cases(m: Manifest, rng: np.random.Generator, table, graph: str) -> list[tuple[str, OrderedDict]]:
     """Draft tree graph inputs: a prompt's context pass over an empty cache, and a round's context pass near capacity
     whose tree grows past it (rows are random; the last context row is each case's root)."""
     d, t, S = m.draft, m.target, m.max_seq_len
-    names = m.graphs[C.DRAFT_TREE_GRAPH].spec.input_names
+    names = m.graphs[graph].spec.input_names
     cases = []
 
     def add(name, n, past):
@@ -534,7 +534,7 @@ class ValidationReport:
             "passed": self.passed, "artifact": self.artifact, "backend": self.backend, "dtype": self.dtype,
             "reference": {"target": self.target_source, "draft": self.draft_source, "dtype": "float32",
                           "modules": {C.TARGET_GRAPH: "TargetVerify", C.TARGET_FUSED_GRAPH: "TargetVerify",
-                                      C.DRAFT_GRAPH: "DraftStep", C.DRAFT_TREE_GRAPH: "DraftTree"}},
+                                      C.DRAFT_GRAPH: "DraftStep", C.DRAFT_TREE_GRAPH + "_k*": "DraftTree"}},
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
             "draft_embedding": None if self.embedding is None else self.embedding.to_dict(),
             "greedy_vs_transformers": self.greedy.to_dict(),
@@ -1039,14 +1039,13 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng, rt.generator.embedding),
         None if eagle3 else head.layers, runner_cls, fc=head.fc,
         full_logprobs=lambda hidden: _target_logprobs(head, hidden, m), head3=head if eagle3 else None)
-    if C.DRAFT_TREE_GRAPH in m.graphs:
-        log("comparing draft_tree")
-        axes = m.graphs[C.DRAFT_TREE_GRAPH].axes
-        dt = DraftTree(head, m.tree_limits.max_top_k, axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]).eval()
-        graphs[C.DRAFT_TREE_GRAPH] = check_graph(directory, m, C.DRAFT_TREE_GRAPH, dt,
-                                                 # its own random source: the prompts below stay the seed's
-                                                 tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding),
-                                                 None, runner_cls)
+    for k, (name, depth) in C.tree_graphs(m.graphs).items():
+        log(f"comparing {name}")
+        dt = DraftTree(head, m.tree_limits.max_top_k, k, depth, plain=m.quantization is not None).eval()
+        graphs[name] = check_graph(directory, m, name, dt,
+                                   # its own random source: the prompts below stay the seed's
+                                   tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding, name),
+                                   None, runner_cls)
     library = None
     if against_library:
         from .against_library import check_against_library
