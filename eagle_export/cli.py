@@ -112,8 +112,12 @@ def main() -> None:
               help="Also write the fused target graph ONNX Runtime runs (GroupQueryAttention writing the cache in "
                    "place; fp32/fp16 targets with head_dim a multiple of 16; docs/graph-contract.md).")
 @click.option("--draft-tree/--no-draft-tree", default=True, show_default=True,
-              help="Also write the draft tree graph: a round's context pass and its --top-k/--depth tree in one "
-                   "call (ONNX Runtime drafts with it where a round's tree fits; docs/graph-contract.md).")
+              help="Also write the draft tree graphs: a round's context pass and its tree in one call, one graph per "
+                   "top_k grown --max-depth levels (ONNX Runtime drafts with them where a round's top_k has one, "
+                   "cut to its depth; docs/graph-contract.md).")
+@click.option("--draft-tree-top-k", default=None,
+              help="The top_k values to write a draft tree graph for, e.g. 1,2 [default: 1,2,3,4 and --top-k's; "
+                   "values above --max-top-k are left out]. Each adds a small graph file and seconds to the export.")
 @click.option("--quantize", type=click.Choice(["none", "int4", "int8"]), default="none", show_default=True,
               help="Weight-only block quantization of the target's MatMul weights (lm_head stays float unless "
                    "--quantize-draft); ONNX Runtime runs it as MatMulNBits, TensorRT from DequantizeLinear "
@@ -139,9 +143,9 @@ def main() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
-               top_k, depth, total_tokens, max_batch, fused, draft_tree, quantize, quantize_block_size,
-               quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers, head_reading, overwrite,
-               quiet) -> None:
+               top_k, depth, total_tokens, max_batch, fused, draft_tree, draft_tree_top_k, quantize,
+               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers,
+               head_reading, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.checkpoint.hub import resolve_checkpoint
     from .export.exporter import ExportOptions, export_with_report
@@ -150,6 +154,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     target_dir = resolve_checkpoint(target_dir, "--target", progress=not quiet)
     draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
+    tree_ks = None if draft_tree_top_k is None else tuple(_parse_ids(draft_tree_top_k, "--draft-tree-top-k"))
     if quantize == "none":
         given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric))
                  if v]
@@ -162,8 +167,8 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
-                         fused=fused, draft_tree=draft_tree, feature_layers=layers, head_reading=head_reading,
-                         quantize=quant)
+                         fused=fused, draft_tree=draft_tree, draft_tree_top_k=tree_ks, feature_layers=layers,
+                         head_reading=head_reading, quantize=quant)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 
@@ -497,6 +502,9 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="Tokens generated per prompt, mode and setting (greedy, EOS ignored).")
 @_tree_options("grid")
 @click.option("--no-refine", is_flag=True, help="Measure the grid only (no second stage around the best).")
+@click.option("--no-screen", is_flag=True,
+              help="Measure every grid setting on every prompt (default: the first half of the prompts, then the "
+                   "rest for the best third).")
 @_backend_option
 @_threads_option
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
@@ -519,8 +527,9 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
                    "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
                    "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
-def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm, spin) -> None:
+def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, no_screen, backend,
+             threads, repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm,
+             spin) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -541,7 +550,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
-                  batch_repeats=batch_repeats, spin=spin, confirm=confirm)
+                  batch_repeats=batch_repeats, spin=spin, confirm=confirm, screen=not no_screen)
     lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:

@@ -55,15 +55,19 @@ tree levels of ``tree_top_k`` nodes, choosing each level's frontier inside the g
 [batch, tree_candidates] in generation order; the last context row's ``context_topk_logprobs``/``context_topk_ids``
 [batch, max_top_k] and ``context_hidden`` [batch, hidden]; and the context rows' ``present_*``. The tree's top_k and
 depth are fixed axes of the graph's manifest entry.
+
+Version 6: one draft tree graph per top_k (``draft_tree_k{top_k}``, ``tree_graph``), each grown to the artifact's
+``max_depth`` with every level's row count fixed (no shape arithmetic in the graph); a backend runs it cut to a round's
+depth (``tree_call``: the first ``depth`` levels, ``runtime/tree_graph.py``), so a round of any depth and of a top_k
+the export made a graph for drafts in one call. ``tree_candidates`` is a named axis, ``top_k + depth * top_k^2`` of
+the call; the entry's axes give ``tree_top_k`` [k, k], ``tree_depth`` [1, max_depth] and ``tree_candidates``'s range.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .tree_params import candidate_count
-
-CONTRACT_VERSION = 5
+CONTRACT_VERSION = 6
 
 # Axis names.
 BATCH = "batch"
@@ -75,14 +79,16 @@ FEATURE_ROWS = "feature_rows"  # draft: rows fed from target features
 HIDDEN_ROWS = "hidden_rows"  # draft: rows fed from the draft's own output (tree levels)
 CAPACITY = "capacity"  # fused target graph: rows of each sequence's whole cache buffer
 TREE_TOP_K = "tree_top_k"  # draft tree graph: its tree's top_k (a fixed axis: [k, k])
-TREE_DEPTH = "tree_depth"  # draft tree graph: its tree's depth (fixed: [d, d])
-TREE_CANDIDATES = "tree_candidates"  # draft tree graph: candidates per sequence, top_k + depth * top_k^2 (fixed)
+TREE_DEPTH = "tree_depth"  # draft tree graph: the levels it grows, [1, max_depth] (cut to a round's depth)
+TREE_CANDIDATES = "tree_candidates"  # draft tree graph: candidates per sequence of a call, top_k + depth * top_k^2
 
 # Graph names (also the ONNX file stems).
 TARGET_GRAPH = "target_verify"
 DRAFT_GRAPH = "draft_step"
 TARGET_FUSED_GRAPH = "target_verify_fused"  # ONNX Runtime's fused variant of the target graph (contract 4)
-DRAFT_TREE_GRAPH = "draft_tree"  # ONNX Runtime: a round's context pass and tree levels in one call (contract 5)
+# ONNX Runtime: a round's context pass and tree levels in one call (contract 5); since contract 6 the prefix of one
+# graph per top_k (``tree_graph``), each run cut to a round's depth (``tree_call``).
+DRAFT_TREE_GRAPH = "draft_tree"
 # The graphs TensorRT builds and runs (standard operators only).
 ENGINE_GRAPHS = (TARGET_GRAPH, DRAFT_GRAPH)
 # GroupQueryAttention's CPU kernel takes head sizes that are multiples of this (ONNX Runtime 1.31).
@@ -264,11 +270,45 @@ def draft_step_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
     return GraphSpec(DRAFT_GRAPH, tuple(inputs), tuple(outputs))
 
 
+def tree_graph(top_k: int) -> str:
+    """The name (and file stem) of the draft tree graph for trees of ``top_k`` (contract 6)."""
+    return f"{DRAFT_TREE_GRAPH}_k{top_k}"
+
+
+def tree_call(top_k: int, depth: int) -> str:
+    """The name a backend runs the draft tree graph of ``top_k`` under, cut to its first ``depth`` levels."""
+    return f"{tree_graph(top_k)}_d{depth}"
+
+
+def parse_tree_call(name: str) -> tuple[int, int] | None:
+    """(top_k, depth) of a ``tree_call`` name, None for any other name."""
+    prefix = f"{DRAFT_TREE_GRAPH}_k"
+    if not name.startswith(prefix):
+        return None
+    k, sep, d = name[len(prefix):].partition("_d")
+    return (int(k), int(d)) if sep and k.isdigit() and d.isdigit() else None
+
+
+def is_tree_graph(name: str) -> bool:
+    """A draft tree graph's name (``tree_graph``) or a call of one (``tree_call``)."""
+    return name == DRAFT_TREE_GRAPH or name.startswith(f"{DRAFT_TREE_GRAPH}_k")
+
+
+def tree_graphs(graphs) -> dict[int, tuple[str, int]]:
+    """The draft tree graphs among a manifest's ``graphs`` (name -> entry with ``axes``): top_k -> (name, the most
+    levels it grows)."""
+    out = {}
+    for name, entry in graphs.items():
+        if name.startswith(f"{DRAFT_TREE_GRAPH}_k") and parse_tree_call(name) is None:
+            out[entry.axes[TREE_TOP_K][0]] = (name, entry.axes[TREE_DEPTH][1])
+    return dict(sorted(out.items()))
+
+
 def draft_tree_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_dim: int, max_top_k: int,
-                    tree_top_k: int, tree_depth: int, dtype: str, num_layers: int = 1) -> GraphSpec:
-    """Draft tree graph (contract 5): a context pass over ``new_tokens`` feature rows, then the tree grown inside
-    the graph (``export/graphs/draft_tree.py``). Candidates per sequence: top_k + depth * top_k^2."""
-    n = candidate_count(tree_top_k, tree_depth)
+                    tree_top_k: int, dtype: str, num_layers: int = 1) -> GraphSpec:
+    """Draft tree graph (contracts 5, 6): a context pass over ``new_tokens`` feature rows, then the tree grown inside
+    the graph (``export/graphs/draft_tree.py``). Candidates per sequence (``tree_candidates``): top_k + depth * top_k^2
+    of the depth the graph is run to."""
     inputs = [
         TensorSpec(INPUT_EMBEDS, dtype, (BATCH, NEW_TOKENS, hidden_size)),
         TensorSpec(DRAFT_FEATURES, dtype, (BATCH, NEW_TOKENS, feature_dim)),
@@ -278,15 +318,15 @@ def draft_tree_spec(*, kv_heads: int, head_dim: int, hidden_size: int, feature_d
         *_cache_specs(past_key, past_value, num_layers, kv_heads, head_dim, dtype, PAST_LEN),
     ]
     outputs = [
-        TensorSpec(TREE_SCORES, "float32", (BATCH, n)),
-        TensorSpec(TREE_TOKENS, "int64", (BATCH, n)),
-        TensorSpec(TREE_PARENTS, "int64", (BATCH, n)),
+        TensorSpec(TREE_SCORES, "float32", (BATCH, TREE_CANDIDATES)),
+        TensorSpec(TREE_TOKENS, "int64", (BATCH, TREE_CANDIDATES)),
+        TensorSpec(TREE_PARENTS, "int64", (BATCH, TREE_CANDIDATES)),
         TensorSpec(CONTEXT_TOPK_LOGPROBS, "float32", (BATCH, max_top_k)),
         TensorSpec(CONTEXT_TOPK_IDS, "int64", (BATCH, max_top_k)),
         TensorSpec(CONTEXT_HIDDEN, dtype, (BATCH, hidden_size)),
         *_cache_specs(present_key, present_value, num_layers, kv_heads, head_dim, dtype, NEW_TOKENS),
     ]
-    return GraphSpec(DRAFT_TREE_GRAPH, tuple(inputs), tuple(outputs))
+    return GraphSpec(tree_graph(tree_top_k), tuple(inputs), tuple(outputs))
 
 
 def spec_from_dict(d: dict) -> GraphSpec:

@@ -54,6 +54,7 @@ from eagle_export.export.plan import (
     default_max_seq_len,
     make_plan,
     target_capacity,
+    tree_graph_top_k,
 )
 from eagle_export.export.quantization.artifact import QuantizeOptions, quantize_artifact_graphs
 from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo, TableRef
@@ -86,8 +87,11 @@ class ExportOptions:
     lean_threshold_bytes: int = LEAN_THRESHOLD_BYTES
     # Also write the fused target graph ONNX Runtime runs (contract 4), where its operator supports the target.
     fused: bool = True
-    # Also write the draft tree graph (contract 5): a round's draft work in one call, for the default tree's shape.
+    # Also write the draft tree graphs (contract 6): a round's draft work in one call, one graph per top_k.
     draft_tree: bool = True
+    # The top_k values to write a draft tree graph for (None: plan.DEFAULT_TREE_GRAPH_TOP_K and the default tree's;
+    # values above --max-top-k are left out).
+    draft_tree_top_k: tuple[int, ...] | None = None
     # How the head is read (export/checkpoint/readings.py): auto (the writer's reading where the files name it),
     # config, or a writer's reading forced.
     head_reading: str = "auto"
@@ -247,9 +251,9 @@ def _export_locked(target_dir, draft_dir, out_dir: Path, options: ExportOptions,
     dtype = torch_dtype(dtype_name)
     steps = progress_bar(7 + (options.quantize is not None), "export", "step", progress)
     loaded = _load(target_dir, draft_dir, options, dtype, progress, steps)
+    tree_ks = tree_graph_top_k(options.limits, options.tree, options.draft_tree, options.draft_tree_top_k)
     plan = make_plan(loaded.target, loaded.draft, draft_dir, dtype_name=dtype_name, seq=loaded.seq,
-                     limits=options.limits, tree=options.tree, max_batch=options.max_batch, fused=options.fused,
-                     draft_tree=options.draft_tree)
+                     limits=options.limits, max_batch=options.max_batch, fused=options.fused, tree_top_k=tree_ks)
     tmp = make_partial(out_dir)
     wbar = None
     try:
@@ -323,7 +327,7 @@ def _trace_graphs(plan: ExportPlan, loaded: _Loaded, options: ExportOptions, dty
                   wbar) -> None:
     """Steps 3-6: trace each graph of the plan into ``tmp``, on small dummy inputs whose sizes no axis specialises."""
     target, draft, sources = loaded.target, loaded.draft, loaded.sources
-    tinfo, dinfo, lim, tree = plan.target_info, plan.draft_info, options.limits, options.tree
+    tinfo, dinfo, lim = plan.target_info, plan.draft_info, options.limits
     with torch.no_grad():
         steps.set_postfix_str("tracing target verify graph")
         b, t, p = 2, 3, 5
@@ -351,12 +355,16 @@ def _trace_graphs(plan: ExportPlan, loaded: _Loaded, options: ExportOptions, dty
         _export_graph(DraftStep(draft.head, lim.max_top_k).eval(), (embeds, feats, hidden_in, pos, mask, *dpast),
                       plan.draft.spec, tmp / plan.draft.file, sources, wbar)
         steps.update()
-        if plan.tree is not None:
-            steps.set_postfix_str("tracing draft tree graph")
+        if plan.trees:
+            ks = list(plan.trees)
+            steps.set_postfix_str(f"tracing draft tree graphs (top_k {', '.join(map(str, ks))})")
             last_row = torch.tensor([t - 1, t - 2], dtype=torch.long)[:b]
             feats_all = torch.zeros(b, t, dinfo.feature_dim, dtype=dtype)
-            _export_draft_tree(DraftTree(draft.head, lim.max_top_k, tree.top_k, tree.depth).eval(),
-                               (embeds, feats_all, pos, mask, last_row, *dpast), plan.tree.spec, tmp, sources)
+            for k, g in plan.trees.items():
+                # Quantization rewrites MatMuls: a quantized artifact's tree graphs keep every weight in one.
+                module = DraftTree(draft.head, lim.max_top_k, k, lim.max_depth, plain=options.quantize is not None)
+                _export_draft_tree(module.eval(), (embeds, feats_all, pos, mask, last_row, *dpast), g.spec, tmp,
+                                   sources, ks[0])
         else:
             steps.set_postfix_str("no draft tree graph")
         steps.update()
@@ -406,14 +414,17 @@ def _export_fused(target: LoadedTarget, feature_layers: list[int] | None, kv_row
 
 
 def _export_draft_tree(module: DraftTree, args: tuple, spec: C.GraphSpec, directory: Path,
-                       sources: dict[int, Source] | None) -> None:
-    """Trace the draft tree graph; the weights it shares with the step graph (the head, lm_head) and the target
-    graph (the embedding table) are stored once, in their data files."""
-    path = directory / f"{C.DRAFT_TREE_GRAPH}.onnx"
+                       sources: dict[int, Source] | None, first_top_k: int) -> None:
+    """Trace a draft tree graph; the weights it shares with the step graph (the head, lm_head), the target graph
+    (the embedding table) and the first tree graph (what the tree graphs lay out their own way: q, k and v as one
+    matrix) are stored once, in their data files."""
+    path = directory / f"{spec.name}.onnx"
     _export_graph(module, args, spec, path, sources)
-    share_weights(path, directory / f"{C.DRAFT_GRAPH}.onnx")
-    if (directory / (path.name + ".data")).exists():
-        share_weights(path, directory / f"{C.TARGET_GRAPH}.onnx")
+    others = [C.DRAFT_GRAPH, C.TARGET_GRAPH] + ([C.tree_graph(first_top_k)] if spec.name != C.tree_graph(first_top_k)
+                                               else [])
+    for other in others:
+        if (directory / (path.name + ".data")).exists():
+            share_weights(path, directory / f"{other}.onnx")
 
 
 def _draft_table(directory: Path, target: LoadedTarget, head: torch.nn.Module, sources: dict[int, Source] | None,

@@ -23,6 +23,9 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
+# The top_k values the export writes a draft tree graph for (contract 6), besides the default tree's: the trees a CPU
+# decodes fastest with (docs/tune.md). Each graph grows --max-depth levels; the runtime cuts it to a round's depth.
+DEFAULT_TREE_GRAPH_TOP_K = (1, 2, 3, 4)
 
 
 @dataclass
@@ -42,8 +45,8 @@ class GraphPlan:
 
 @dataclass
 class ExportPlan:
-    """The decisions of one export. ``fused`` and ``tree`` are None when that graph is not written; ``why_not_fused``
-    says why the fused target graph is not (None when it is)."""
+    """The decisions of one export. ``fused`` is None when that graph is not written (``why_not_fused`` says why);
+    ``trees`` has one draft tree graph per top_k, in increasing top_k (empty: none)."""
 
     dtype_name: str
     seq: int  # the cache capacity (manifest max_seq_len)
@@ -53,7 +56,7 @@ class ExportPlan:
     target: GraphPlan
     draft: GraphPlan
     fused: GraphPlan | None
-    tree: GraphPlan | None
+    trees: dict[int, GraphPlan]
     why_not_fused: str | None
 
     def graphs(self) -> dict[str, GraphPlan]:
@@ -62,8 +65,8 @@ class ExportPlan:
         out = {C.TARGET_GRAPH: self.target, C.DRAFT_GRAPH: self.draft}
         if self.fused is not None:
             out[C.TARGET_FUSED_GRAPH] = self.fused
-        if self.tree is not None:
-            out[C.DRAFT_TREE_GRAPH] = self.tree
+        for g in self.trees.values():
+            out[g.spec.name] = g
         return out
 
 
@@ -154,8 +157,18 @@ def draft_info(draft: LoadedDraft, draft_dir: str | Path) -> DraftInfo:
     )
 
 
+def tree_graph_top_k(limits: TreeLimits, tree: TreeParams, draft_tree: bool = True,
+                     chosen: tuple[int, ...] | None = None) -> list[int]:
+    """The top_k values the export writes a draft tree graph for: ``chosen`` (default ``DEFAULT_TREE_GRAPH_TOP_K``)
+    and the default tree's, those up to --max-top-k; none without --draft-tree or with --max-depth 0."""
+    if not draft_tree or limits.max_depth < 1:
+        return []
+    ks = DEFAULT_TREE_GRAPH_TOP_K if chosen is None else chosen
+    return sorted({k for k in (*ks, tree.top_k) if 1 <= k <= limits.max_top_k})
+
+
 def make_plan(target: LoadedTarget, draft: LoadedDraft, draft_dir: str | Path, *, dtype_name: str, seq: int,
-              limits: TreeLimits, tree: TreeParams, max_batch: int, fused: bool, draft_tree: bool) -> ExportPlan:
+              limits: TreeLimits, max_batch: int, fused: bool, tree_top_k: list[int]) -> ExportPlan:
     """Every graph's spec and axis ranges for this target, head and capacity (see the module docstring)."""
     tinfo = target_info(target, feature_dim=draft.feature_dim, feature_layers=draft.feature_layers)
     dinfo = draft_info(draft, draft_dir)
@@ -187,16 +200,16 @@ def make_plan(target: LoadedTarget, draft: LoadedDraft, draft_dir: str | Path, *
                                     vocab_size=tinfo.vocab_size, feature_dim=tinfo.feature_dim, dtype=dtype_name)
         fused_plan = GraphPlan(fspec, {C.BATCH: batch, C.NEW_TOKENS: [1, t_new], C.TOTAL_LEN: [1, kv_rows],
                                        C.LOGIT_ROWS: [1, verify_rows], C.CAPACITY: [kv_rows, kv_rows]})
-    tree_plan = None
-    if draft_tree:
+    # One draft tree graph per top_k, each grown --max-depth levels (cut to a round's depth when it runs).
+    depth = lim.max_depth
+    trees = {}
+    for k in tree_top_k:
         xspec = C.draft_tree_spec(kv_heads=dinfo.kv_heads, head_dim=dinfo.head_dim, hidden_size=dinfo.hidden_size,
-                                  feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=tree.top_k,
-                                  tree_depth=tree.depth, dtype=dtype_name, num_layers=dinfo.num_layers)
-        n_cand = tree.max_candidates
-        tree_plan = GraphPlan(xspec, {C.BATCH: batch, C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
-                                      C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [tree.top_k, tree.top_k],
-                                      C.TREE_DEPTH: [tree.depth, tree.depth],
-                                      C.TREE_CANDIDATES: [n_cand, n_cand]})
+                                  feature_dim=dinfo.feature_dim, max_top_k=lim.max_top_k, tree_top_k=k,
+                                  dtype=dtype_name, num_layers=dinfo.num_layers)
+        trees[k] = GraphPlan(xspec, {C.BATCH: batch, C.NEW_TOKENS: [1, d_new], C.PAST_LEN: [0, d_past],
+                                     C.TOTAL_LEN: [1, d_past + d_new], C.TREE_TOP_K: [k, k], C.TREE_DEPTH: [1, depth],
+                                     C.TREE_CANDIDATES: [k + k * k, k + depth * k * k]})
     draft_positions = seq + lim.max_depth
     if draft_positions > dinfo.max_position_embeddings:
         log.warning(
@@ -205,5 +218,5 @@ def make_plan(target: LoadedTarget, draft: LoadedDraft, draft_dir: str | Path, *
             "generation that gets there reports it (stats.draft_beyond_position_limit)",
             dinfo.max_position_embeddings, seq, draft_positions, dinfo.max_position_embeddings,
         )
-    return ExportPlan(dtype_name, seq, kv_rows, tinfo, dinfo, target_plan, draft_plan, fused_plan, tree_plan,
+    return ExportPlan(dtype_name, seq, kv_rows, tinfo, dinfo, target_plan, draft_plan, fused_plan, trees,
                       why_not)

@@ -235,16 +235,18 @@ class Generator:
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
         self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
-        # The draft tree graph (contract 5): a round's context pass and tree levels in one call, for trees of its
-        # top_k and a depth up to its own.
+        # The draft tree graphs (contract 6): a round's context pass and tree levels in one call, for trees of a
+        # top_k the export made a graph for (top_k -> the most levels it grows), run cut to the round's depth.
         self.xgraph = backend.tree_graph
-        if self.xgraph is not None:
-            axes = manifest.graphs[self.xgraph].axes
-            self.x_k, self.x_depth = axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]
-            n = axes[C.TREE_CANDIDATES][0]
-            self._x = {"scores": zeros((B, n), torch.float32), "tokens": zeros((B, n), torch.int64),
-                       "parents": zeros((B, n), torch.int64), "vals": zeros((B, K), torch.float32),
+        self.tree_depths = ({k: most for k, (_, most) in C.tree_graphs(manifest.graphs).items()}
+                            if self.xgraph is not None else {})
+        if self.tree_depths:
+            n = max(k + most * k * k for k, most in self.tree_depths.items())
+            # Candidates are flat buffers: a call of n candidates over a sequences binds their first a * n entries.
+            self._x = {"scores": zeros((B * n,), torch.float32), "tokens": zeros((B * n,), torch.int64),
+                       "parents": zeros((B * n,), torch.int64), "vals": zeros((B, K), torch.float32),
                        "ids": zeros((B, K), torch.int64), "hidden": zeros((B, d.hidden_size), dtype)}
+            self._x_n = 0  # candidates per sequence of the last tree call
             self._last_row = HostScratch(B, np.int64)
             self._xnp = {k: v.numpy() for k, v in self._x.items()} if self._cpu else None
         self.vocab = t.vocab_size
@@ -327,14 +329,15 @@ class Generator:
             io = self._io_memo[key] = (ins, MappingProxyType(outs))
         return io
 
-    def _tree_io(self, a: int, n: int) -> tuple[dict, MappingProxyType]:
-        key = ("x", a, n)
+    def _tree_io(self, a: int, n: int, cand: int) -> tuple[dict, MappingProxyType]:
+        key = ("x", a, n, cand)
         io = self._io_memo.get(key)
         if io is None:
             x = self._x
             ins = {C.INPUT_EMBEDS: self._buf("dembeds", a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.DRAFT_FEATURES: self._buf("dfeats_in", a, n), C.LAST_ROW: self._host(self._last_row, a)}
-            outs = {C.TREE_SCORES: x["scores"][:a], C.TREE_TOKENS: x["tokens"][:a], C.TREE_PARENTS: x["parents"][:a],
+            flat = {name: x[name][:a * cand].view(a, cand) for name in ("scores", "tokens", "parents")}
+            outs = {C.TREE_SCORES: flat["scores"], C.TREE_TOKENS: flat["tokens"], C.TREE_PARENTS: flat["parents"],
                     C.CONTEXT_TOPK_LOGPROBS: x["vals"][:a], C.CONTEXT_TOPK_IDS: x["ids"][:a],
                     C.CONTEXT_HIDDEN: x["hidden"][:a]}
             outs = {k: view_of(v) for k, v in outs.items()}
@@ -373,30 +376,37 @@ class Generator:
         inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
 
-    def _run_tree(self, a: int, n: int, past: int, base: int = 0) -> None:
-        """The draft tree graph over the context rows in ``_ids`` [a, n] (every row a feature row), each sequence's
-        last context row in ``_last_row``: the context pass and the whole tree in one call."""
+    def _run_tree(self, a: int, n: int, past: int, k: int, depth: int, base: int = 0) -> None:
+        """The draft tree graph of top_k ``k``, cut to ``depth`` levels, over the context rows in ``_ids`` [a, n]
+        (every row a feature row), each sequence's last context row in ``_last_row``: the context pass and the whole
+        tree in one call."""
         self._embed(a * n)
-        fixed, outputs = self._tree_io(a, n)
+        self._x_n = cand = k + depth * k * k
+        fixed, outputs = self._tree_io(a, n, cand)
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
         inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
-        self.backend.run(self.xgraph, inputs, outputs)
+        self.backend.run(C.tree_call(k, depth), inputs, outputs)
+
+    def tree_graph_fits(self, top_k: int, depth: int) -> bool:
+        """Does a round of this tree draft in one call (a draft tree graph for its top_k, at least its depth)? Else
+        it drafts level by level with the step graph."""
+        return 1 <= depth <= self.tree_depths.get(top_k, 0)
 
     def _tree_fits(self, s: Slot) -> bool:
-        """Can the draft tree graph grow s's tree (its top_k, a depth up to the graph's)?"""
-        return self.xgraph is not None and s.k == self.x_k and s.depth <= self.x_depth
+        return self.tree_graph_fits(s.k, s.depth)
 
     def _load_tree(self, s: Slot, b: int, committed: int, row: int | None = None) -> None:
         """Slot b's next tree from the tree graph's output row ``row`` (default b; s has ``committed`` rows once this
         round's are in), and its context row (top-k and hidden) as a step-graph context pass would have left it."""
         x, xn, r = self._x, self._xnp, b if row is None else row
+        c = slice(r * self._x_n, (r + 1) * self._x_n)  # row r of the last call's [a, n] candidates
         if xn is not None:  # host memory: numpy views made once
-            s.grower.load(xn["scores"][r], xn["tokens"][r], xn["parents"][r])
+            s.grower.load(xn["scores"][c], xn["tokens"][c], xn["parents"][c])
             self.ctx_vals[b], self.ctx_ids[b] = xn["vals"][r], xn["ids"][r]
             self._np_ctx_hidden[b] = xn["hidden"][r]
         else:
-            s.grower.load(*(self.backend.to_host(x[k][r]) for k in ("scores", "tokens", "parents")))
+            s.grower.load(*(self.backend.to_host(x[k][c]) for k in ("scores", "tokens", "parents")))
             self.ctx_vals[b], self.ctx_ids[b] = self.backend.to_host(x["vals"][r]), self.backend.to_host(x["ids"][r])
             self.ctx_hidden[b].copy_(x["hidden"][r])
         s.ready = True
@@ -522,7 +532,7 @@ class Generator:
                 tree = last and self._tree_fits(s)
                 if tree:  # the last chunk's context pass grows the first round's tree in the same call
                     self._last_row.array[0] = c - 1
-                    self._run_tree(1, c, st, base_d)
+                    self._run_tree(1, c, st, s.k, s.depth, base_d)
                 else:
                     self._run_draft(1, c, c, st, base_d)
                 self.dcache.write(base_d + st, c)
@@ -811,8 +821,11 @@ class Generator:
         widths = [len(s.tokens) if g else 0 for s, g in zip(slots, go, strict=True)]
         mm = max(widths)
         stride = self.dplan.stride
-        # The tree graph grows every continuing slot's next tree in this call, when it can grow all of them.
-        tree = self.xgraph is not None and all(self._tree_fits(s) for s, g in zip(slots, go, strict=True) if g)
+        # A tree graph grows every continuing slot's next tree in this call, when one graph (one top_k) can grow all
+        # of them: cut to the deepest, a shallower tree reads its first levels' candidates.
+        growing = [s for s, g in zip(slots, go, strict=True) if g]
+        tree = (bool(self.tree_depths) and all(self._tree_fits(s) for s in growing)
+                and len({s.k for s in growing}) <= 1)
         if mm:
             past = slots[0].L if a == 1 else stride
             mask = self._mask.take((a, mm, past + mm))
@@ -831,7 +844,7 @@ class Generator:
             self.padding.used += used
             if tree:
                 self._last_row.array[:a] = [max(m - 1, 0) for m in widths]  # a padding row for a slot that stops
-                self._run_tree(a, mm, past)
+                self._run_tree(a, mm, past, growing[0].k, max(s.depth for s in growing))
             else:
                 self._run_draft(a, mm, mm, past)
             for b, s in enumerate(slots):

@@ -31,6 +31,9 @@ SPIN_POLICIES = ("off", "run", "on")
 # 0.77x), the draft's never (EAGLE 1.53x the peer either way, within noise; measured side by side, docs/runtime.md).
 DEFAULT_PHASES = {"target": "run", "draft": "off"}
 DEFAULT_SPIN = ",".join(f"{k}={v}" for k, v in DEFAULT_PHASES.items())
+# Draft tree graph sessions (each a top_k's graph cut to a depth) kept open at once: each holds its own copy of the
+# draft head's weights, so a runtime that meets many trees (tune, requests with trees of their own) reopens them.
+TREE_SESSIONS = 2
 
 
 def parse_spin(spin: str) -> dict[str, str]:
@@ -79,10 +82,15 @@ class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
     def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = "off",
-                 config: dict[str, str] | None = None):
+                 config: dict[str, str] | None = None, model: bytes | None = None):
+        """path: the graph file; model: the graph as bytes instead (a draft tree graph cut to fewer levels), its
+        external data read from path's folder."""
         opts = session_options(threads, spin, config)
+        if model is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
-            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+            self.session = ort.InferenceSession(str(path) if model is None else model, sess_options=opts,
+                                                providers=providers)
         except Exception as e:
             raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): {e}") from e
         self.device = "cuda" if providers[0] == "CUDAExecutionProvider" else "cpu"
@@ -203,22 +211,57 @@ class OrtBackend:
         # and have not run here).
         fused = fused and self.device == "cpu"
         self.target_graph = C.graph_for(self.name, "target", manifest.graphs if fused else {})
-        self.tree_graph = C.DRAFT_TREE_GRAPH if draft_tree and C.DRAFT_TREE_GRAPH in manifest.graphs else None
-        runs = {self.target_graph, C.DRAFT_GRAPH} | ({self.tree_graph} if self.tree_graph else set())
+        # The draft tree graphs (contract 6): top_k -> (graph, the most levels it grows). A round's tree runs as
+        # ``C.tree_call(top_k, depth)``: the graph cut to its depth, opened when first run (``_open_tree``).
+        self.tree_graphs = C.tree_graphs(manifest.graphs) if draft_tree else {}
+        self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_graphs else None
         self.spin = spin
-        config = quantized_session_config(manifest)
-        policy = parse_spin(spin)
-        self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads,
-                                      policy["target" if name == self.target_graph else "draft"], config)
-                       for name in runs}
-        for name in runs:
-            g, session = manifest.graphs[name], self.graphs[name]
-            if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
-                raise ManifestError(
-                    f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
-                    "re-export"
-                )
-            _check_types_and_dims(g.file, g.spec, session.session)
+        self._directory, self._manifest, self._providers, self._threads = Path(directory), manifest, providers, threads
+        self._config = quantized_session_config(manifest)
+        self._policy = parse_spin(spin)
+        self.graphs = {name: self._open(name) for name in (self.target_graph, C.DRAFT_GRAPH)}
+        self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
+        tree = manifest.tree_defaults  # the default tree's call opens now: its first round pays no session load
+        if tree.top_k in self.tree_graphs and 1 <= tree.depth <= self.tree_graphs[tree.top_k][1]:
+            self._open_tree(C.tree_call(tree.top_k, tree.depth))
+
+    def _open(self, name: str, base: str | None = None, model: bytes | None = None) -> OrtGraph:
+        """A session for graph ``name`` (``base``'s file, as bytes ``model`` when given), checked against the
+        manifest's spec of ``base``."""
+        base = base or name
+        g = self._manifest.graphs[base]
+        session = OrtGraph(self._directory / g.file, self._providers, self._threads,
+                           self._policy["target" if name == self.target_graph else "draft"], self._config, model)
+        if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
+            raise ManifestError(
+                f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
+                "re-export"
+            )
+        _check_types_and_dims(g.file, g.spec, session.session)
+        return session
+
+    def _open_tree(self, call: str) -> OrtGraph:
+        """The session of a tree call (``C.tree_call``): the top_k's graph cut to the call's depth. At most
+        ``TREE_SESSIONS`` stay open (each holds its own copy of the head's weights); the oldest other goes."""
+        parsed = C.parse_tree_call(call)
+        if parsed is None or parsed[0] not in self.tree_graphs:
+            raise KeyError(f"no draft tree graph for {call!r}")
+        (k, depth), (base, most) = parsed, self.tree_graphs[parsed[0]]
+        if not 1 <= depth <= most:
+            raise KeyError(f"the draft tree graph for top_k {k} grows {most} levels, not {depth}")
+        model = None
+        if depth < most:
+            import onnx
+
+            from .tree_graph import cut
+
+            proto = onnx.load(str(self._directory / self._manifest.graphs[base].file), load_external_data=False)
+            model = cut(proto, k, depth, most).SerializeToString()
+        while len(self._tree_calls) >= TREE_SESSIONS:
+            del self.graphs[self._tree_calls.pop(0)]
+        session = self.graphs[call] = self._open(call, base, model)
+        self._tree_calls.append(call)
+        return session
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # torch's CPU allocator aligns to 64 bytes, its CUDA allocator to 512; ONNX Runtime needs no more.
@@ -228,7 +271,9 @@ class OrtBackend:
         """Any tree within the artifact's limits runs (the graphs' axes are dynamic)."""
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
-        g = self.graphs[graph]
+        g = self.graphs.get(graph)
+        if g is None:  # a draft tree graph cut to a depth not run yet
+            g = self._open_tree(graph)
         g.run(inputs, outputs)
         self.last_exec_s = g.last_exec_s  # graph execution alone, IO binding excluded (bench's split reads it)
 

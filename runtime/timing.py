@@ -45,8 +45,8 @@ class TimingBackend:
 
     @property
     def draft_seconds(self) -> float:
-        """Time in the draft graphs (the step graph, and the tree graph where it ran)."""
-        return self.seconds.get(C.DRAFT_GRAPH, 0.0) + self.seconds.get(C.DRAFT_TREE_GRAPH, 0.0)
+        """Time in the draft graphs (the step graph, and the tree graphs where they ran)."""
+        return sum(t for g, t in self.seconds.items() if g == C.DRAFT_GRAPH or C.is_tree_graph(g))
 
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
         inner = self._inner

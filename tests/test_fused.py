@@ -104,11 +104,13 @@ def test_runtime_runs_the_fused_graph_where_the_operator_supports_the_target(mod
     does not take (8) has no fused graph and runs the standard one."""
     _, _, art = models("mha")
     rt = EagleRuntime.open(art)
-    assert rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH}
+    tree = rt.manifest.tree_defaults
+    tree_call = C.tree_call(tree.top_k, tree.depth)  # the default tree's draft tree graph, cut to its depth
+    assert rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, tree_call}
     _, _, art = models("gqa")
     assert C.TARGET_FUSED_GRAPH not in load_manifest(art).graphs
     rt = EagleRuntime.open(art)
-    assert not rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH}
+    assert not rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH, tree_call}
 
 
 @pytest.mark.parametrize("past", [11, 14])

@@ -191,7 +191,9 @@ def test_oracle_catches_a_runtime_that_never_accepts(pairs, monkeypatch):
 
 
 def test_oracle_catches_draft_seeing_other_branches(pairs, models, monkeypatch):
-    """A draft mask that lets tree nodes see every earlier frontier row (not just their ancestors)."""
+    """A draft mask that lets tree nodes see every earlier frontier row (not just their ancestors): the host's
+    frontier masks, which the step graph drafts with (the runtime opened without its draft tree graphs, which build
+    their masks inside; test_draft_tree checks those against the head grown level by level)."""
     original = TreeGrower._make_frontier  # the per-level Frontier views, made once per grower
 
     def leaky(self, level):
@@ -205,5 +207,5 @@ def test_oracle_catches_draft_seeing_other_branches(pairs, models, monkeypatch):
     preset, kw = MODELS["mha"]
     _, _, art = models(preset, **kw)
     _, oracle, capacity = pairs["mha"]
-    fresh = {"mha": (EagleRuntime.open(art, threads=1), oracle, capacity)}
+    fresh = {"mha": (EagleRuntime.open(art, threads=1, draft_tree=False), oracle, capacity)}
     assert _first_mismatch(fresh, "mha", TreeParams(3, 3, 12)) is not None

@@ -154,11 +154,12 @@ def test_spin_per_phase_applies_to_each_phases_sessions(models):
         with pytest.raises(ValueError, match="per phase like 'target=run,draft=off'"):
             parse_spin(bad)
     _, _, art = models("mha")
-    be = OrtBackend(art, load_manifest(art), threads=1, spin="target=run,draft=off")
+    m = load_manifest(art)
+    be = OrtBackend(art, m, threads=1, spin="target=run,draft=off")
 
     def allow(name):
         return be.graphs[name].session.get_session_options().get_session_config_entry(
             "session.intra_op.allow_spinning")
 
     assert allow(be.target_graph) == "1"
-    assert allow(C.DRAFT_GRAPH) == "0" and allow(C.DRAFT_TREE_GRAPH) == "0"
+    assert allow(C.DRAFT_GRAPH) == "0" and allow(C.tree_call(m.tree_defaults.top_k, m.tree_defaults.depth)) == "0"

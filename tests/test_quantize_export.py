@@ -59,20 +59,23 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     layers = m.target.num_layers
     assert (q.method, q.bits, q.block_size, q.symmetric, q.accuracy_level, q.draft, q.lm_head) == (
         "int4", 4, 32, True, 4, True, True)
-    assert q.graphs == {C.TARGET_FUSED_GRAPH: "nbits", C.TARGET_GRAPH: "qdq", C.DRAFT_GRAPH: "qdq",
-                        C.DRAFT_TREE_GRAPH: "nbits"}
+    trees = C.tree_graphs(m.graphs)
+    assert trees and q.graphs == {C.TARGET_FUSED_GRAPH: "nbits", C.TARGET_GRAPH: "qdq", C.DRAFT_GRAPH: "qdq",
+                                  **{name: "nbits" for name, _ in trees.values()}}
     # standard: q k v o gate up down + lm_head; fused: packed qkv, o, gate, up, down + lm_head
     assert q.matmuls[C.TARGET_GRAPH] == 7 * layers + 1 and q.matmuls[C.TARGET_FUSED_GRAPH] == 5 * layers + 1
     fused = _ops(art / f"{C.TARGET_FUSED_GRAPH}.onnx")
     assert fused["MatMulNBits"] == q.matmuls[C.TARGET_FUSED_GRAPH] and "DequantizeLinear" not in fused
     assert _ops(art / f"{C.TARGET_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.TARGET_GRAPH]
     assert _ops(art / f"{C.DRAFT_GRAPH}.onnx")["DequantizeLinear"] == q.matmuls[C.DRAFT_GRAPH] >= 8
-    # the draft tree graph (ONNX Runtime only) as MatMulNBits: the step graph's projections once per level, and its
-    # weights still stored once where they are the same bytes as another graph's (the float embedding)
-    tree = _ops(art / f"{C.DRAFT_TREE_GRAPH}.onnx")
-    levels = m.tree_defaults.depth + 1
-    assert tree["MatMulNBits"] == q.matmuls[C.DRAFT_TREE_GRAPH] >= q.matmuls[C.DRAFT_GRAPH] * levels
-    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH):
+    # the draft tree graphs (ONNX Runtime only) as MatMulNBits: the step graph's projections once per level (q, k and
+    # v as one), no Gemm left with a float weight, and their weights still stored once where they are the same bytes
+    # as another graph's (the float embedding)
+    for name, depth in trees.values():
+        tree = _ops(art / f"{name}.onnx")
+        assert tree["MatMulNBits"] == q.matmuls[name] >= (q.matmuls[C.DRAFT_GRAPH] - 2) * (depth + 1), name
+        assert "Gemm" not in tree, name
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, *(name for name, _ in trees.values())):
         assert _float_matmul_weights(art / f"{g}.onnx") == []
     raw = json.loads((art / MANIFEST_NAME).read_text())
     assert Manifest.from_dict(raw).to_dict() == raw
@@ -154,7 +157,8 @@ def test_validate_quantized_artifact(int4):
 
     report = validate(int4[2], prompts=2, max_new_tokens=10, threads=1)
     assert report.passed, report.format()
-    assert set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH}
+    trees = {name for name, _ in C.tree_graphs(load_manifest(int4[2]).graphs).values()}
+    assert trees and set(report.graphs) == {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, *trees}
     q = report.quantization
     assert q.settings["method"] == "int4" and q.parity_level == 1
     assert q.lossless_prompts == 2 and q.lossless_tokens == 20
@@ -236,16 +240,17 @@ def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
     float_art = models(**SMALL)[2]
     work = tmp_path / "art"
     shutil.copytree(float_art, work)
-    graphs = [g for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH, C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH)
+    trees = [name for name, _ in C.tree_graphs(load_manifest(work).graphs).values()]
+    graphs = [g for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH, C.TARGET_FUSED_GRAPH, *trees)
               if (work / f"{g}.onnx").is_file()]
-    assert C.TARGET_FUSED_GRAPH in graphs and C.DRAFT_TREE_GRAPH in graphs
+    assert C.TARGET_FUSED_GRAPH in graphs and trees and set(trees) <= set(graphs)
     quantize_artifact_graphs(work, QuantizeOptions(bits=4, draft=draft), graphs)
     for g in graphs:
         ref = onnx.load(str(float_art / f"{g}.onnx"))  # with its data
-        if draft or g not in (C.DRAFT_GRAPH, C.DRAFT_TREE_GRAPH):
+        if draft or not (g == C.DRAFT_GRAPH or C.is_tree_graph(g)):
             if g == C.TARGET_FUSED_GRAPH:
                 _fold_concats_in_memory(ref)
-            if g == C.DRAFT_TREE_GRAPH:
+            if C.is_tree_graph(g):
                 inline_identity_weights(ref)
             quantize_matmuls(ref, 4, 32, True, accuracy_level=4, form="qdq" if g in C.ENGINE_GRAPHS else "nbits",
                              predicate=None if draft else skip_lm_head)

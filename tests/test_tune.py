@@ -61,14 +61,18 @@ def test_tune_writes_the_winner(art, ids_file):
     rt = EagleRuntime.open(art, threads=1)
     confirmed = [r for r in rows if r["confirmed"]]
     assert rows[:3] == confirmed  # the best three measured twice more, ranked ahead of the rest
+    dropped = [r for r in rows if r["dropped"]]
+    assert rows[len(rows) - len(dropped):] == dropped  # screened out on the first prompt: ranked last
     for r in rows:
         assert r["lossless"] is True and r["lossy_prompts"] == []
-        assert r["runs"] == (2 * (1 + T.CONFIRM_PASSES) if r["confirmed"] else 2)  # prompts x passes
+        # prompts x passes: the screen's first prompt only for the dropped
+        assert r["runs"] == (2 * (1 + T.CONFIRM_PASSES) if r["confirmed"] else 1 if r["dropped"] else 2)
+        assert r["path"] == T.TREE_PATH  # top_k 1 and 2: the artifact's draft tree graphs
         # tau is the setting's committed tokens per target forward, recomputed here from greedy runs of its tree.
         acc = [a for p in (P12, P9) for a in rt.generate(prompt_ids=p, max_new_tokens=6, stop_on_eos=False,
                                                          tree=TreeParams(**r["tree"])).stats.accept_lengths]
         assert r["tau"] == pytest.approx((sum(acc) + len(acc)) / len(acc)), r
-    for group in (confirmed, rows[3:]):
+    for group in (confirmed, rows[3:len(rows) - len(dropped)], dropped):
         speedups = [r["speedup"] for r in group]
         assert speedups == sorted(speedups, reverse=True)  # rank order
     assert out["winner"] == rows[0]
@@ -107,17 +111,20 @@ def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, mo
 
     calls: list[tuple[TreeParams, int]] = []
 
-    def measure(self, tree, max_new_tokens, *, parity=0, log=None, stop_on_eos=False, repeats=1, peer=None):
+    def measure(self, tree, max_new_tokens, *, parity=0, log=None, stop_on_eos=False, repeats=1, peer=None,
+                only=None):
         first, later = FAKE_TOK_S[tree]
         e, n = first if not any(t == tree for t, _ in calls) else later
         calls.append((tree, parity))
         return [PromptRow(spec.source, len(ids), max_new_tokens, 1.5, max_new_tokens // 2, float(e), float(n), e / n,
                           True, 0.1, 0.03, 0.05, 0.02, [1] * (max_new_tokens // 2))
-                for spec, ids in zip(self.specs, self.prompt_ids, strict=True)]
+                for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True))
+                if only is None or i in only]
 
     monkeypatch.setattr(PairedSession, "measure", measure)
+    # screen=False: every grid setting measured once on every prompt, so the ranking is the confirmation's alone
     report = T.tune(art, prompts=ids_file, max_new_tokens=4, top_k="1,2", depth="1,2", total_tokens="2,4",
-                    threads=1, refine=False, warmup=False, spin=None, confirm=3)
+                    threads=1, refine=False, warmup=False, spin=None, confirm=3, screen=False)
     grid = T.Grid.parse("1,2", "1,2", "2,4").settings()
     grid = [t for t in grid if t.total_tokens <= t.max_candidates]
     assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A]  # the confirming passes interleaved, then reversed
@@ -188,8 +195,8 @@ def test_refinement_around_the_winner(art, ids_file):
 def test_lossy_setting_is_never_the_winner(art, ids_file, monkeypatch):
     real = T._summarise
 
-    def sabotage(tree, stage, rows):  # as if EAGLE had diverged from no-draft at top_k 2
-        row = real(tree, stage, rows)
+    def sabotage(tree, stage, rows, path=T.TREE_PATH):  # as if EAGLE had diverged from no-draft at top_k 2
+        row = real(tree, stage, rows, path)
         if tree.top_k == 2:
             row.lossless, row.lossy_prompts = False, [rows[0].source]
         return row
@@ -204,6 +211,47 @@ def test_lossy_setting_is_never_the_winner(art, ids_file, monkeypatch):
     r = cli("tune", art, "--prompts", ids_file, "--max-new-tokens", 4, *GRID, "--no-refine", "--threads", 1)
     assert r.exit_code == 1 and "LOSSY: top_k 2" in r.stdout and "were lossy" in r.stderr
     assert (art / MANIFEST_NAME).read_bytes() == raw
+
+
+def test_every_setting_runs_on_the_path_the_runtime_runs_it(art, ids_file):
+    """A setting whose top_k has a draft tree graph (the export writes them for top_k 1-4) is measured as the runtime
+    drafts it: one draft call a round, the graph cut to the setting's depth; a top_k without one (5) level by level
+    with the step graph. The report says which, and the tree tune writes is drafted as it was measured."""
+    from eagle_export import contract as C
+    from eagle_export.tools.commands.bench import PairedSession
+
+    out = tune_json(art, ids_file, "--top-k", "2,5", "--depth", "1,3", "--total-tokens", 4, "--no-refine",
+                    "--no-screen", "--confirm", 0, "--spin", "run")
+    paths = {(r["tree"]["top_k"], r["tree"]["depth"]): r["path"] for r in out["settings"]}
+    assert paths == {(2, 1): T.TREE_PATH, (2, 3): T.TREE_PATH, (5, 1): T.STEP_PATH, (5, 3): T.STEP_PATH}
+    with PairedSession(art, prompts=ids_file, threads=1) as s:
+        for tree in (TreeParams(2, 3, 4), TreeParams(5, 3, 4)):
+            run = s.run(0, 6, tree, True)  # the proxy counts the decode's calls (after the prefill's token)
+            calls, rounds = dict(s.proxy.calls), run.rounds
+            if tree.top_k == 2:  # one call for each round that goes on (the first round's tree: the prefill's)
+                assert calls == {s.rt.backend.target_graph: rounds, C.tree_call(2, 3): rounds - 1}, calls
+            else:  # every round's levels, and the context of each round that goes on
+                assert calls == {s.rt.backend.target_graph: rounds, C.DRAFT_GRAPH: rounds * 3 + rounds - 1}, calls
+    winner = TreeParams(**out["winner"]["tree"])
+    rt = EagleRuntime.open(art, threads=1)
+    assert rt.manifest.tree_defaults == winner
+    assert (C.tree_call(winner.top_k, winner.depth) in rt.backend.graphs) == (out["winner"]["path"] == T.TREE_PATH)
+
+
+def test_screen_keeps_the_best_third_and_any_close_to_the_best():
+    """The grid's screen goes on with the best third of the settings measured on the first prompts (at least
+    ``keep_min``) and any within ``margin`` of the best's speedup; lossy ones stay to be reported."""
+    def row(speedup, lossless=True):
+        return T.SettingRow(TreeParams(1, 1, 1), "grid", 2.0, 100.0, 50.0, speedup, lossless, 1)
+
+    rows = [row(x / 10) for x in (20, 19, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5)] + [row(3.0, lossless=False)]
+    keep, drop = T.screened(rows, keep_min=3, margin=0.1)
+    assert [r.speedup for r in keep] == [2.0, 1.9, 1.5, 1.4, 1.3, 3.0]  # ceil(13 / 3) = 5 lossless, the lossy one
+    assert [r.speedup for r in drop] == [1.2, 1.1, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
+    keep, _ = T.screened(rows, keep_min=3, margin=0.5)  # within half of 2.0: down to 1.0
+    assert [r.speedup for r in keep if r.lossless] == [2.0, 1.9, 1.5, 1.4, 1.3, 1.2, 1.1, 1.0]
+    keep, drop = T.screened(rows[:4], keep_min=5)
+    assert len(keep) == 4 and drop == []
 
 
 def test_write_winner_refuses_a_lossy_report(art):

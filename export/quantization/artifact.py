@@ -234,7 +234,7 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     counts: dict[str, int] = {}
     # Standard graphs first: the fused target graph and the draft tree graph point at what they keep of those.
     todo = [g for g in (C.TARGET_GRAPH,) if g in graphs] + ([C.DRAFT_GRAPH] if options.draft else [])
-    todo += [g for g in (C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH) if g in graphs]
+    todo += [g for g in graphs if g == C.TARGET_FUSED_GRAPH or C.is_tree_graph(g)]
     rewritten: dict[str, dict[int, int]] = {}  # data file -> old offset -> new offset, of the files rewritten so far
     done: list[_Graph] = []
     with Files(directory) as files:  # the data files as the float export left them, until every graph is written
@@ -243,16 +243,17 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
                 g = _Graph(directory, name)
                 done.append(g)
                 form = "qdq" if name in C.ENGINE_GRAPHS else "nbits"
-                quantize = name != C.DRAFT_TREE_GRAPH or options.draft
+                tree = C.is_tree_graph(name)
+                quantize = not tree or options.draft
                 if quantize:
                     if name == C.TARGET_FUSED_GRAPH:
                         g.deferred = defer_weight_concats(g.model)
-                    if name == C.DRAFT_TREE_GRAPH:
+                    if tree:
                         inline_identity_weights(g.model)
                     report = quantize_matmuls(g.model, options.bits, options.block_size, options.symmetric,
                                               accuracy_level=options.accuracy_level, form=form, predicate=predicate,
                                               load=lambda t, g=g: g.load(files, t), store=g.store)
-                    if not report.quantized and name != C.DRAFT_TREE_GRAPH:
+                    if not report.quantized and not tree:
                         raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
                     forms[name], counts[name] = form, len(report.quantized)
                 g.finish(files, rewritten)
@@ -268,8 +269,9 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
         _repoint(directory / f"{name}.onnx", rewritten)
     for name in forms:
         onnx.checker.check_model(str(directory / f"{name}.onnx"))
-    if C.DRAFT_TREE_GRAPH in graphs:
-        onnx.checker.check_model(str(directory / f"{C.DRAFT_TREE_GRAPH}.onnx"))
+    for name in graphs:
+        if C.is_tree_graph(name) and name not in forms:
+            onnx.checker.check_model(str(directory / f"{name}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
                             lm_head=options.draft, graphs=forms, matmuls=counts)

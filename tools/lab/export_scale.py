@@ -323,7 +323,10 @@ def open_estimate(artifact: Path) -> int:
     from eagle_export.manifest import load_manifest
 
     m = load_manifest(artifact)
-    opened = {C.graph_for("ort", "target", m.graphs), C.DRAFT_GRAPH} | ({C.DRAFT_TREE_GRAPH} & set(m.graphs))
+    opened = {C.graph_for("ort", "target", m.graphs), C.DRAFT_GRAPH}
+    tree = C.tree_graphs(m.graphs).get(m.tree_defaults.top_k)  # the runtime opens the default tree's graph
+    if tree is not None:
+        opened.add(tree[0])
     seen: set[tuple[str, str]] = set()
     total = 0
     for name in opened:

@@ -39,7 +39,7 @@ def one_pass(rt: EagleRuntime, proxy: TimingBackend, ids: list[list[int]], max_n
         tokens += len(r.tokens)
     wall = time.perf_counter() - t0
     draft, target = proxy.draft_seconds, proxy.target_seconds
-    calls = proxy.calls.get(C.DRAFT_GRAPH, 0) + proxy.calls.get(C.DRAFT_TREE_GRAPH, 0)
+    calls = sum(n for g, n in proxy.calls.items() if g == C.DRAFT_GRAPH or C.is_tree_graph(g))
     return {"tok/s": tokens / wall, "draft ms/round": 1e3 * draft / rounds, "target ms/round": 1e3 * target / rounds,
             "host ms/round": 1e3 * (wall - draft - target) / rounds, "host %": 100 * (wall - draft - target) / wall,
             "draft calls/round": calls / rounds, "tau": tokens / rounds}

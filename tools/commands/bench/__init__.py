@@ -360,23 +360,31 @@ class PairedSession:
         for use_draft in (True, False):
             self.run(0, max_new_tokens, tree, use_draft, stop_on_eos)
 
+    def prepare(self, tree: TreeParams, tokens: int = 8) -> None:
+        """A short EAGLE generation of the first prompt with ``tree``, not counted: what the runtime opens for a tree
+        the first time it drafts one (a draft tree graph cut to its depth) opens here, not inside a timed run."""
+        self.run(0, tokens, tree, True)
+
     def run(self, i: int, max_new_tokens: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool = False) -> _Run:
         """One generation of prompt i (a GenerationError becomes a BenchError naming the prompt)."""
         return _run_checked(self.rt, self.proxy, self.specs[i], self.prompt_ids[i], max_new_tokens, tree, use_draft,
                             stop_on_eos)
 
     def measure(self, tree: TreeParams, max_new_tokens: int, *, parity: int = 0, log=None, stop_on_eos: bool = False,
-                repeats: int = 1, peer=None) -> list[PromptRow]:
+                repeats: int = 1, peer=None, only: list[int] | None = None) -> list[PromptRow]:
         """For each prompt, one EAGLE and one no-draft generation one right after the other; the order alternates
         from prompt to prompt (EAGLE first on even ``i + parity``). ``repeats`` R: R passes over the prompts (pass r
         rotates the order by r more), per-prompt tokens/s the median of the R. ``peer``: a third mode (an object
         with ``generate(ids, max_new) -> PeerRun``) in the rotation, given as many tokens as our no-draft run made
-        when EOS is ignored (so a peer that stops early is caught)."""
+        when EOS is ignored (so a peer that stops early is caught). ``only``: the indices of the prompts to run
+        (default: every prompt); one row each."""
         modes = MODES if peer is not None else MODES[:2]
         capacity = self.rt.manifest.max_seq_len
+        chosen = range(len(self.specs)) if only is None else only
         runs: list[dict[str, list]] = [{m: [] for m in modes} for _ in self.specs]
         for r in range(repeats):
-            for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True)):
+            for i in chosen:
+                spec, ids = self.specs[i], self.prompt_ids[i]
                 done = {}
                 for mode in mode_order(i, parity + r, modes):
                     if mode == "peer":  # EOS ignored: as many tokens as ours make (the capacity may cut them)
@@ -393,7 +401,7 @@ class PairedSession:
                     rep = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
                     log(f"prompt {i + 1}/{len(self.specs)}{rep}: tau {tau(e.accept_lengths):.2f}, EAGLE "
                         f"{e.tok_s:.1f} tok/s, no-draft {n.tok_s:.1f} tok/s{more}")
-        return [_row(spec, ids, rr) for spec, ids, rr in zip(self.specs, self.prompt_ids, runs, strict=True)]
+        return [_row(self.specs[i], self.prompt_ids[i], runs[i]) for i in chosen]
 
 
 def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):

@@ -11,11 +11,20 @@ one right after the other (alternating which goes first), EOS ignored. So each s
 side-by-side ratios, comparable across settings measured minutes apart on a drifting machine, while absolute
 tokens/s are not. Settings are ranked by that speedup (ties: EAGLE tokens/s).
 
+Every setting runs on the path the runtime will run it on: a round drafts in one call with the artifact's draft tree
+graph for its top_k, cut to its depth (contract 6), where the export made one, level by level with the step graph
+otherwise; each row says which (``path``), and each setting drafts once, untimed, before it is measured
+(``PairedSession.prepare``), so opening its graph is not in its time. Settings are measured grouped by (top_k, depth):
+each cut graph opens once.
+
 The search has two stages (see docs/tune.md):
 
 1. the grid: every (top_k, depth, total_tokens) of the given lists that is a valid tree (``TreeParams.validate``:
    total_tokens at most top_k + depth * top_k^2), within the artifact's tree limits and, on TensorRT, within
-   the engines' verify profile; the others are skipped and counted;
+   the engines' verify profile; the others are skipped and counted. With more than one prompt (and ``screen``, the
+   default) every setting is first measured on the first half of the prompts; only the best third (at least
+   ``SCREEN_KEEP_MIN``), and any within ``SCREEN_MARGIN`` of the best, are measured on the rest, the others are
+   reported as dropped and ranked after them;
 2. refinement (unless ``refine=False``): around the stage-1 winner, one dimension at a time, the integer
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
    valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
@@ -82,6 +91,13 @@ SPIN_CANDIDATES = ("target=run,draft=off", "run", "off")
 
 # Extra passes over the prompts for each of the best settings (``confirm``), after the grid and the refinement.
 CONFIRM_PASSES = 2
+
+# The grid's screen: the settings measured on the rest of the prompts after the first half, the best third by
+# speedup, at least this many, and any within this fraction of the best's speedup.
+SCREEN_KEEP_MIN = 5
+SCREEN_MARGIN = 0.15
+
+TREE_PATH, STEP_PATH = "tree graph", "step graph"
 
 
 class TuneError(EagleExportError):
@@ -184,22 +200,44 @@ class SettingRow:
     runs: int  # EAGLE/no-draft pairs measured
     lossy_prompts: list[str] = field(default_factory=list)
     confirmed: bool = False  # measured again among the best (``confirm``); ranked ahead of the others
+    path: str = TREE_PATH  # how the runtime drafts this tree: TREE_PATH (one call a round) or STEP_PATH
+    dropped: bool = False  # screened out on the first prompts (the grid's screen): ranked after the others
 
     def to_dict(self) -> dict:
         return {"tree": self.tree.to_dict(), "stage": self.stage, "tau": self.tau, "eagle_tok_s": self.eagle_tok_s,
                 "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
-                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed}
+                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed,
+                "path": self.path, "dropped": self.dropped}
 
     def label(self) -> str:
         t = self.tree
         return f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
 
 
-def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow]) -> SettingRow:
+def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow], path: str = TREE_PATH) -> SettingRow:
     return SettingRow(tree, stage, tau_of(rows), statistics.median(r.eagle_tok_s for r in rows),
                       statistics.median(r.no_draft_tok_s for r in rows), statistics.median(r.speedup for r in rows),
                       all(r.lossless for r in rows), len(rows),
-                      sorted({r.source for r in rows if not r.lossless}))
+                      sorted({r.source for r in rows if not r.lossless}), path=path)
+
+
+def draft_path(session: PairedSession, tree: TreeParams) -> str:
+    """How the session's runtime drafts rounds of ``tree``: with a draft tree graph (one call) or the step graph."""
+    return TREE_PATH if session.rt.generator.tree_graph_fits(tree.top_k, tree.depth) else STEP_PATH
+
+
+def screened(rows: list[SettingRow], keep_min: int = SCREEN_KEEP_MIN,
+             margin: float = SCREEN_MARGIN) -> tuple[list[SettingRow], list[SettingRow]]:
+    """The grid's screen: (kept, dropped) of rows measured on the first prompts. Kept: the best third by rank (at
+    least ``keep_min``) and any within ``margin`` of the best's speedup; lossy rows are kept (to be reported)."""
+    ok = sorted((r for r in rows if r.lossless), key=_rank_key)
+    if not ok:
+        return rows, []
+    n = max(keep_min, -(-len(ok) // 3))
+    floor = ok[0].speedup * (1 - margin)
+    keep = {id(r) for i, r in enumerate(ok) if i < n or r.speedup >= floor}
+    return ([r for r in rows if not r.lossless or id(r) in keep],
+            [r for r in rows if r.lossless and id(r) not in keep])
 
 
 def _rank_key(r: SettingRow):
@@ -319,12 +357,14 @@ class TuneReport:
         lines = [f"tune {self.artifact} (backend {self.backend} on {self.device}, threads {self.threads or 'default'}; "
                  f"{self.prompts} prompts x {self.repeats} repeat(s), {self.max_new_tokens} new tokens, greedy, "
                  "EOS ignored)", "ranked by speedup: median of per-prompt EAGLE / no-draft ratios, each pair "
-                 "measured side by side", "", head, "-" * len(head)]
+                 "measured side by side; draft: how the runtime drafts the tree (tree: one call a round, step: one "
+                 "call a level)", "", head + "  draft", "-" * (len(head) + 7)]
         for i, r in enumerate(self.rows, 1):
             t = r.tree
             lines.append(f"{i:>3}  {t.top_k:>5}  {t.depth:>5}  {t.total_tokens:>5}  {r.stage:>6}  {r.tau:>5.2f}  "
                          f"{r.eagle_tok_s:>11.1f}  {r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  "
-                         f"{'yes' if r.lossless else 'NO'}")
+                         f"{'yes' if r.lossless else 'NO':<8}  {r.path.split()[0]}"
+                         + ("  (dropped at the screen)" if r.dropped else ""))
         lines.append("")
         if self.spin_rows:
             lines.append("spin policy (the default tree, EAGLE tokens/s; docs/runtime.md, Threading): " + "; ".join(
@@ -375,7 +415,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
          batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None,
-         spin: str | None = "auto", confirm: int = 3) -> TuneReport:
+         spin: str | None = "auto", confirm: int = 3, screen: bool = True) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
@@ -384,7 +424,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     batch_requests: requests per batched pass (default 2 N, at least the prompts); batch_repeats: pass pairs per
     candidate and N (default: repeats). spin: "auto" (measure ``SPIN_CANDIDATES`` first), one policy (used and
     recorded), or None (the runtime's default, nothing recorded); ONNX Runtime only. confirm: how many of the best
-    settings are measured ``CONFIRM_PASSES`` more times before the ranking is final (0 or 1: none).
+    settings are measured ``CONFIRM_PASSES`` more times before the ranking is final (0 or 1: none). screen: the
+    grid's screen (first half of the prompts, then the rest for the best; module docstring).
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
@@ -409,7 +450,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=chosen) as s:
         skipped: Counter[str] = Counter()
         todo = []
-        for t in grid.settings():
+        # Grouped by (top_k, depth): the runtime opens each top_k's tree graph cut to a depth once.
+        for t in sorted(grid.settings(), key=lambda t: (t.top_k, t.depth, t.total_tokens)):
             why = admissible(t, s)
             if why is None:
                 todo.append(t)
@@ -422,9 +464,11 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                 f"{list(grid.total_tokens)}): " + "; ".join(f"{n} {why}" for why, n in skipped.items())
                 + f" (artifact limits: top_k <= {lim.max_top_k}, depth <= {lim.max_depth}, total_tokens <= "
                 f"{lim.max_total_tokens})")
+        first = list(range((len(s.specs) + 1) // 2)) if screen and len(s.specs) > 1 else None
         say(f"{len(todo)} settings to measure ({sum(skipped.values())} of the grid's {len(grid.settings())} skipped)"
             + (", then up to 6 around the best" if refine else "")
-            + f"; each: {len(s.specs)} prompts x {repeats} repeat(s), EAGLE and no-draft side by side")
+            + f"; each: {len(s.specs)} prompts x {repeats} repeat(s), EAGLE and no-draft side by side"
+            + (f" ({len(first)} first: the best go on to the rest)" if first is not None else ""))
         if warmup:
             say("warm-up")
             s.warm_up(todo[0], max_new_tokens)
@@ -432,38 +476,56 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         by_tree: dict[TreeParams, list[PromptRow]] = {}
         parity = 0
 
-        def run(stage: str, trees: list[TreeParams], start: int, total: int | None) -> None:
+        def measure(t: TreeParams, only: list[int] | None = None) -> list[PromptRow]:
             nonlocal parity
-            for j, t in enumerate(trees, start):
-                measured: list[PromptRow] = []
-                for _ in range(repeats):
-                    measured += s.measure(t, max_new_tokens, parity=parity)
-                    parity += len(s.specs)
-                by_tree[t] = measured
-                rows.append(_summarise(t, stage, measured))
-                r = rows[-1]
-                say(f"[{j}/{total or len(trees)}] {stage} {r.label()}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, "
-                    f"EAGLE {r.eagle_tok_s:.1f} tok/s" + ("" if r.lossless else "  LOSSY"))
+            measured: list[PromptRow] = []
+            for _ in range(repeats):
+                measured += s.measure(t, max_new_tokens, parity=parity, only=only)
+                parity += len(s.specs if only is None else only)
+            return measured
 
-        run("grid", todo, 1, len(todo))
+        def run(stage: str, trees: list[TreeParams], start: int, total: int | None,
+                only: list[int] | None = None) -> None:
+            for j, t in enumerate(trees, start):
+                s.prepare(t)
+                by_tree[t] = measure(t, only)
+                rows.append(_summarise(t, stage, by_tree[t], draft_path(s, t)))
+                r = rows[-1]
+                say(f"[{j}/{total or len(trees)}] {stage} {r.label()} ({r.path}): tau {r.tau:.2f}, speedup "
+                    f"{r.speedup:.2f}x, EAGLE {r.eagle_tok_s:.1f} tok/s" + ("" if r.lossless else "  LOSSY")
+                    + (f" on the first {len(only)} prompts" if only is not None else ""))
+
+        run("grid", todo, 1, len(todo), first)
+        if first is not None:
+            # The screen: the best of the grid on the rest of the prompts; the others stay as measured, dropped.
+            keep, drop = screened(rows)
+            rest = [i for i in range(len(s.specs)) if i not in first]
+            say(f"screen: {len(keep)} of {len(rows)} settings go on to the other {len(rest)} prompts")
+            for r in drop:
+                r.dropped = True
+            for r in sorted(keep, key=lambda r: (r.tree.top_k, r.tree.depth, r.tree.total_tokens)):
+                s.prepare(r.tree)
+                by_tree[r.tree] += measure(r.tree, rest)
+                rows[rows.index(r)] = _summarise(r.tree, r.stage, by_tree[r.tree], r.path)
         if refine:
-            ok = sorted((r for r in rows if r.lossless), key=_rank_key)
+            ok = sorted((r for r in rows if r.lossless and not r.dropped), key=_rank_key)
             if ok:
                 extra = refinements(ok[0].tree, grid, {r.tree for r in rows}, s)
                 if extra:
                     say(f"refining around {ok[0].label()}: {len(extra)} more settings")
                     run("refine", extra, 1, len(extra))
-        best = sorted((r for r in rows if r.lossless), key=_rank_key)[:confirm]
+        best = sorted((r for r in rows if r.lossless and not r.dropped), key=_rank_key)[:confirm]
         if len(best) > 1:
             # A setting measured once can win by the machine's noise: the best few again, interleaved, the order
             # reversed on the second pass, ranked over all their runs.
             say(f"confirming the best {len(best)}: {CONFIRM_PASSES} more passes each, interleaved")
             for rep in range(CONFIRM_PASSES):
                 for r in best if rep % 2 == 0 else best[::-1]:
+                    s.prepare(r.tree)
                     by_tree[r.tree] += s.measure(r.tree, max_new_tokens, parity=parity)
                     parity += len(s.specs)
             for r in best:
-                rows[rows.index(r)] = again = _summarise(r.tree, r.stage, by_tree[r.tree])
+                rows[rows.index(r)] = again = _summarise(r.tree, r.stage, by_tree[r.tree], r.path)
                 again.confirmed = True
                 say(f"confirmed {again.label()}: speedup {again.speedup:.2f}x over {again.runs} runs"
                     + ("" if again.lossless else "  LOSSY"))
@@ -473,8 +535,9 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         specs = s.specs
         eng = s.manifest.engines
         engines_max = int(eng.options["max_tree_tokens"]) if eng is not None else None
-    # Lossy last; the confirmed (best few, measured again) first: a setting measured once does not overtake them.
-    rows.sort(key=lambda r: (not r.lossless, not r.confirmed, *_rank_key(r)))
+    # Lossy last; the confirmed (best few, measured again) first: a setting measured once does not overtake them; the
+    # screen's dropped after every setting measured on all the prompts.
+    rows.sort(key=lambda r: (not r.lossless, not r.confirmed, r.dropped, *_rank_key(r)))
     report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
                         rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen)
     cands = ladder(rows, batch_candidates)

@@ -193,14 +193,23 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         directory, m, C.DRAFT_GRAPH, ds, draft_cases(m, rng, rt.generator.embedding),
         None if eagle3 else head.layers, runner_cls, fc=head.fc,
         full_logprobs=lambda hidden: _target_logprobs(head, hidden, m), head3=head if eagle3 else None)
-    if C.DRAFT_TREE_GRAPH in m.graphs:
-        log("comparing draft_tree")
-        axes = m.graphs[C.DRAFT_TREE_GRAPH].axes
-        dt = DraftTree(head, m.tree_limits.max_top_k, axes[C.TREE_TOP_K][0], axes[C.TREE_DEPTH][0]).eval()
-        graphs[C.DRAFT_TREE_GRAPH] = check_graph(directory, m, C.DRAFT_TREE_GRAPH, dt,
-                                                 # its own random source: the prompts below stay the seed's
-                                                 tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding),
-                                                 None, runner_cls)
+    for k, (name, most) in C.tree_graphs(m.graphs).items():
+        # Each top_k's graph as the runtime runs it for the default tree's depth: cut to it (runtime/tree_graph.py).
+        depth = max(1, min(m.tree_defaults.depth, most))
+        log(f"comparing {name} cut to depth {depth}")
+        dt = DraftTree(head, m.tree_limits.max_top_k, k, depth, plain=m.quantization is not None).eval()
+        cut_model = None
+        if depth < most:
+            import onnx
+
+            from eagle_export.runtime.tree_graph import cut
+
+            proto = onnx.load(str(directory / m.graphs[name].file), load_external_data=False)
+            cut_model = cut(proto, k, depth, most).SerializeToString()
+        graphs[name] = check_graph(directory, m, name, dt,
+                                   # its own random source: the prompts below stay the seed's
+                                   tree_cases(m, np.random.default_rng(seed + 1), rt.generator.embedding, name),
+                                   None, runner_cls, model=cut_model)
     library = None
     if against_library:
         from .against_library import check_against_library

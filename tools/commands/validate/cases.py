@@ -163,11 +163,11 @@ def draft_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str,
     return cases
 
 
-def tree_cases(m: Manifest, rng: np.random.Generator, table) -> list[tuple[str, OrderedDict]]:
+def tree_cases(m: Manifest, rng: np.random.Generator, table, graph: str) -> list[tuple[str, OrderedDict]]:
     """Draft tree graph inputs: a prompt's context pass over an empty cache, and a round's context pass near capacity
     whose tree grows past it (rows are random; the last context row is each case's root)."""
     d, t, S = m.draft, m.target, m.max_seq_len
-    names = m.graphs[C.DRAFT_TREE_GRAPH].spec.input_names
+    names = m.graphs[graph].spec.input_names
     cases = []
 
     def add(name, n, past):

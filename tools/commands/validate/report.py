@@ -115,7 +115,7 @@ class ValidationReport:
             "passed": self.passed, "artifact": self.artifact, "backend": self.backend, "dtype": self.dtype,
             "reference": {"target": self.target_source, "draft": self.draft_source, "dtype": "float32",
                           "modules": {C.TARGET_GRAPH: "TargetVerify", C.TARGET_FUSED_GRAPH: "TargetVerify",
-                                      C.DRAFT_GRAPH: "DraftStep", C.DRAFT_TREE_GRAPH: "DraftTree"}},
+                                      C.DRAFT_GRAPH: "DraftStep", C.DRAFT_TREE_GRAPH + "_k*": "DraftTree"}},
             "graphs": {k: v.to_dict() for k, v in self.graphs.items()},
             "draft_embedding": None if self.embedding is None else self.embedding.to_dict(),
             "greedy_vs_transformers": self.greedy.to_dict(),
