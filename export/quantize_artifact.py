@@ -8,7 +8,9 @@ Runs on a finished (float) export directory before its manifest is written, and 
 - the draft tree graph (ONNX Runtime only; with ``draft``) in the ``nbits`` form, its weights shared again with the
   step and target graphs' data files where they are the same bytes;
 - the fused target graph (ONNX Runtime only) in the ``nbits`` form (``MatMulNBits`` written directly), its packed
-  QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart).
+  QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart), and
+  its attention given two rows on a one-row call (export/fused.py ``pad_one_row_attention``: a plain decoding step
+  then computes its row bit for bit as a verify does, which accuracy level 4's int8 activations need).
 
 Streamed: each weight is read (plain file reads, no memory maps: export/datafile.py), quantized and appended to
 its graph's new data file before the next one is read, so memory holds one float weight and its quantized form,
@@ -33,6 +35,7 @@ from eagle_export import contract as C
 from eagle_export.manifest import QuantizationInfo
 
 from .datafile import DataWriter, Files, external, set_external
+from .fused import pad_one_row_attention
 from .quantize import ACCURACY_LEVELS, BITS, MatMulSite, QuantizeError, check_settings, quantize_matmuls
 
 INLINE_MAX = 1024  # initializers up to this many bytes stay inside the .onnx file, as the exporter leaves them
@@ -230,6 +233,7 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     todo = [g for g in (C.TARGET_GRAPH,) if g in graphs] + ([C.DRAFT_GRAPH] if options.draft else [])
     todo += [g for g in (C.TARGET_FUSED_GRAPH, C.DRAFT_TREE_GRAPH) if g in graphs]
     rewritten: dict[str, dict[int, int]] = {}  # data file -> old offset -> new offset, of the files rewritten so far
+    one_row_scratch = False
     done: list[_Graph] = []
     with Files(directory) as files:  # the data files as the float export left them, until every graph is written
         try:
@@ -249,6 +253,8 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
                     if not report.quantized and name != C.DRAFT_TREE_GRAPH:
                         raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
                     forms[name], counts[name] = form, len(report.quantized)
+                    if name == C.TARGET_FUSED_GRAPH:  # a plain step's row computed as a verify computes it
+                        one_row_scratch = pad_one_row_attention(g.model) > 0
                 g.finish(files, rewritten)
                 rewritten[g.data_name] = g.moved
         except BaseException:
@@ -266,4 +272,4 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
         onnx.checker.check_model(str(directory / f"{C.DRAFT_TREE_GRAPH}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
-                            lm_head=options.draft, graphs=forms, matmuls=counts)
+                            lm_head=options.draft, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch)
