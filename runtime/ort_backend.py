@@ -56,6 +56,27 @@ def quantized_session_config(manifest: Manifest | None) -> dict[str, str]:
     return {} if q is None else {"session.qdq_matmulnbits_accuracy_level": str(q.accuracy_level)}
 
 
+# MatMulNBits' float kernel (accuracy level 1: the weights dequantized, float products): what the runtime gives the
+# standard target graph of an artifact whose level rounds the activations (2 and up; 4: int8).
+FLOAT_ACCURACY_LEVEL = 1
+
+
+def runtime_session_config(manifest: Manifest | None, graph: str) -> dict[str, str]:
+    """The session config the runtime gives ``graph``: the export's accuracy level (``quantized_session_config``),
+    except for the standard target graph of an artifact whose level rounds the activations, which runs at
+    ``FLOAT_ACCURACY_LEVEL``. That graph's attention sums a row's past and new columns as separate products, split
+    where the call starts, and softmaxes over the call's whole width, so a row verified in a tree and the same row
+    decoded alone differ in their last bits; at level 4 those bits can flip an int8 rounding of the next MatMul's
+    input and grow from layer to layer (docs/scale.md, "Why quantized EAGLE diverged"), while the float kernel keeps
+    them at the float graph's size, where EAGLE equals plain decoding as it does on a float artifact. The fused
+    graph (ONNX Runtime's fast path) is exact for chains at level 4 and keeps the export's level."""
+    config = quantized_session_config(manifest)
+    q = None if manifest is None else manifest.quantization
+    if q is not None and graph == C.TARGET_GRAPH and q.accuracy_level > FLOAT_ACCURACY_LEVEL:
+        config["session.qdq_matmulnbits_accuracy_level"] = str(FLOAT_ACCURACY_LEVEL)
+    return config
+
+
 def session_options(threads: int | None, spin: str = "off",
                     config: dict[str, str] | None = None) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
@@ -206,10 +227,10 @@ class OrtBackend:
         self.tree_graph = C.DRAFT_TREE_GRAPH if draft_tree and C.DRAFT_TREE_GRAPH in manifest.graphs else None
         runs = {self.target_graph, C.DRAFT_GRAPH} | ({self.tree_graph} if self.tree_graph else set())
         self.spin = spin
-        config = quantized_session_config(manifest)
         policy = parse_spin(spin)
         self.graphs = {name: OrtGraph(Path(directory) / manifest.graphs[name].file, providers, threads,
-                                      policy["target" if name == self.target_graph else "draft"], config)
+                                      policy["target" if name == self.target_graph else "draft"],
+                                      runtime_session_config(manifest, name))
                        for name in runs}
         for name in runs:
             g, session = manifest.graphs[name], self.graphs[name]
