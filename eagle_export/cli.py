@@ -89,6 +89,11 @@ def main() -> None:
                    "kernel), 0/1 compute in float.")
 @click.option("--quantize-draft", is_flag=True,
               help="Also quantize the draft head's graph and the lm_heads of both graphs.")
+@click.option("--quantize-inexact-trees", is_flag=True,
+              help="Keep a branching default tree (--top-k > 1) at an accuracy level that rounds activations: more "
+                   "tokens per round, but EAGLE may then differ from plain decoding at near-ties (bench and validate "
+                   "report where). Without it the default tree is the chain of --depth, on which EAGLE equals plain "
+                   "decoding token for token (docs/scale.md).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
@@ -101,8 +106,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, fused, draft_tree, quantize, quantize_block_size,
-               quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers, head_reading, overwrite,
-               quiet) -> None:
+               quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_inexact_trees, feature_layers,
+               head_reading, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.exporter import ExportOptions, export_with_report
     from .export.hub import resolve_checkpoint
@@ -112,14 +117,15 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     if quantize == "none":
-        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric))
-                 if v]
+        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric),
+                                ("--quantize-inexact-trees", quantize_inexact_trees)) if v]
         if given:
             raise click.UsageError(f"{given[0]} needs --quantize int4 or int8")
         quant = None
     else:
         quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
-                                accuracy_level=quantize_accuracy_level, draft=quantize_draft)
+                                accuracy_level=quantize_accuracy_level, draft=quantize_draft,
+                                inexact_trees=quantize_inexact_trees)
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
@@ -464,9 +470,12 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
 @_PROMPTS_FILE
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt, mode and setting (greedy, EOS ignored).")
-@click.option("--top-k", "top_k", default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")
-@click.option("--depth", default=None, help="depth values [default: 2,4,8].")
-@click.option("--total-tokens", default=None, help="total_tokens values [default: 4,8,16,32,60].")
+@click.option("--top-k", "top_k", default=None,
+              help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8; on a quantized artifact at accuracy level "
+                   "4 on ONNX Runtime: 1,2].")
+@click.option("--depth", default=None, help="depth values [default: 2,4,8; quantized as above: 1-5].")
+@click.option("--total-tokens", default=None, help="total_tokens values [default: 4,8,16,32,60; quantized as above: "
+                                                     "2-5].")
 @click.option("--no-refine", is_flag=True, help="Measure the grid only (no second stage around the best).")
 @click.option("--backend", type=click.Choice(["ort", "tensorrt"]), default="ort", show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -491,8 +500,13 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
                    "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
                    "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
+@click.option("--inexact-trees", is_flag=True,
+              help="On an artifact where EAGLE is token-exact on chains only (a quantized one at accuracy level 4, "
+                   "on ONNX Runtime), also measure branching trees (top_k > 1): a setting where EAGLE then differs "
+                   "from plain decoding is reported with where and by what margin, and never chosen.")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, backend, threads,
-             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm, spin) -> None:
+             repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm, spin,
+             inexact_trees) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -513,7 +527,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
-                  batch_repeats=batch_repeats, spin=spin, confirm=confirm)
+                  batch_repeats=batch_repeats, spin=spin, confirm=confirm, inexact_trees=inexact_trees)
     lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:

@@ -200,6 +200,13 @@ class QuantizationInfo:
     matmuls: dict[str, int] = field(default_factory=dict)  # graph name -> MatMuls quantized
     one_row_scratch: bool = False
 
+    @property
+    def rounds_activations(self) -> bool:
+        """ONNX Runtime's MatMulNBits rounds each input row at this accuracy level (4: to int8 per block; 2 and 3:
+        to a 16-bit float where the CPU has such a kernel), which turns a verify row's last-bit differences from the
+        same row decoded alone into visible ones: EAGLE is exact on chain trees only (docs/scale.md)."""
+        return self.accuracy_level > 1
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from .out_dir import (
     publish,
     remove_stale_partials,
 )
-from .quantize_artifact import QuantizeOptions, quantize_artifact_graphs
+from .quantize_artifact import QuantizeOptions, exact_default_tree, quantize_artifact_graphs
 from .shared_data import share_weights
 from .weights import (
     MemoryTensor,
@@ -269,6 +270,13 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     if options.dtype not in EXPORT_DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
+    tree = exact_default_tree(options.tree, options.quantize)
+    if tree != options.tree:
+        log.warning("--quantize at accuracy level %d: the default tree is the chain %s instead of %s, on which EAGLE "
+                    "equals plain decoding token for token (docs/scale.md, \"Why quantized EAGLE diverged\"); "
+                    "--quantize-inexact-trees keeps the branching one", options.quantize.accuracy_level, tree,
+                    options.tree)
+        options = dataclasses.replace(options, tree=tree)
     if options.quantize is not None:
         options.quantize.check()
         if options.dtype == "bf16":

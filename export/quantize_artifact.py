@@ -33,6 +33,7 @@ from onnx import TensorProto
 
 from eagle_export import contract as C
 from eagle_export.manifest import QuantizationInfo
+from eagle_export.tree_params import TreeParams, candidate_count
 
 from .datafile import DataWriter, Files, external, set_external
 from .fused import pad_one_row_attention
@@ -55,6 +56,8 @@ class QuantizeOptions:
     symmetric: bool = True
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     draft: bool = False
+    # Keep a branching default tree at an accuracy level that rounds the activations (``exact_default_tree``).
+    inexact_trees: bool = False
 
     def check(self) -> None:
         """One-line errors for settings neither MatMulNBits nor DequantizeLinear can take."""
@@ -67,6 +70,24 @@ class QuantizeOptions:
             raise QuantizeError(f"--quantize-accuracy-level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
                                 f"got {self.accuracy_level}")
         check_settings(self.bits, self.block_size, self.accuracy_level)  # the pass's own rules, the same
+
+
+def exact_default_tree(tree: TreeParams, options: QuantizeOptions | None) -> TreeParams:
+    """The artifact's default tree: ``tree``, except on a quantized export at an accuracy level that rounds the
+    activations (2 and up; 4 quantizes them to int8), where a branching tree (top_k > 1) becomes the chain of its
+    depth (top_k 1, at most depth + 1 nodes) unless ``options.inexact_trees``.
+
+    Why: a verify row attends to its ancestors' columns with the other branches' columns masked between them, and
+    ONNX Runtime's attention sums a row's softmax by vector lane, so the same path verified in a branching tree and
+    decoded token by token differs in its last bits; level 4 turns such bits into int8 rounding flips that grow from
+    layer to layer, and EAGLE then differs from plain decoding at near-ties (docs/scale.md, "Why quantized EAGLE
+    diverged"). A chain's accepted path sits in consecutive columns, as plain decoding's does, and is computed bit
+    for bit alike (with the fused graph's one-row padding), so EAGLE stays exact by default; branching trees remain
+    available per request and to `tune --inexact-trees`, which report the divergences they cause."""
+    if options is None or options.inexact_trees or options.accuracy_level <= 1 or tree.top_k == 1:  # see
+        # QuantizationInfo.rounds_activations
+        return tree
+    return TreeParams(1, tree.depth, min(tree.total_tokens, candidate_count(1, tree.depth)))
 
 
 def defer_weight_concats(model: onnx.ModelProto) -> dict[str, tuple[int, list[TensorProto]]]:
