@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from eagle_export.errors import EagleExportError
 from eagle_export.tools.commands.bench import (
+    Divergence,
     PairedSession,
     PromptRow,
     PromptSpec,
@@ -203,11 +204,14 @@ class SettingRow:
     runs: int  # EAGLE/no-draft pairs measured
     lossy_prompts: list[str] = field(default_factory=list)
     confirmed: bool = False  # measured again among the best (``confirm``); ranked ahead of the others
+    # Per lossy prompt: where EAGLE first differs from no-draft and no-draft's top-2 margin there (bench.Divergence).
+    divergences: dict[str, Divergence] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"tree": self.tree.to_dict(), "stage": self.stage, "tau": self.tau, "eagle_tok_s": self.eagle_tok_s,
                 "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
-                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed}
+                "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed,
+                "divergences": {k: v.to_dict() for k, v in self.divergences.items()}}
 
     def label(self) -> str:
         t = self.tree
@@ -218,7 +222,8 @@ def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow]) -> SettingRo
     return SettingRow(tree, stage, tau_of(rows), statistics.median(r.eagle_tok_s for r in rows),
                       statistics.median(r.no_draft_tok_s for r in rows), statistics.median(r.speedup for r in rows),
                       all(r.lossless for r in rows), len(rows),
-                      sorted({r.source for r in rows if not r.lossless}))
+                      sorted({r.source for r in rows if not r.lossless}),
+                      divergences={r.source: r.divergence for r in rows if r.divergence is not None})
 
 
 def _rank_key(r: SettingRow):
@@ -366,6 +371,7 @@ class TuneReport:
                              "needs explicit tree settings (or tune there, or rebuild with a larger --max-tree-tokens)")
         for r in self.lossy:
             lines.append(f"LOSSY: {r.label()}: EAGLE tokens differ from no-draft on {', '.join(r.lossy_prompts)}")
+            lines += [f"  {src}: {d.describe()}" for src, d in r.divergences.items()]
         table = self.batch_table
         if table is not None:
             lines += format_rows(self.batch, table.rows[0])

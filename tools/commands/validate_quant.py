@@ -37,6 +37,7 @@ class QuantReport:
     lossless_prompts: int = 0
     lossless_tokens: int = 0
     lossless_failures: list[str] = field(default_factory=list)
+    divergences: list[dict] = field(default_factory=list)  # per failure: prompt index and bench.Divergence.to_dict()
     positions: int = 0
     top1_agreement: float = float("nan")
     mean_kl: float = float("nan")
@@ -48,7 +49,7 @@ class QuantReport:
     def to_dict(self) -> dict:
         return {"passed": self.passed, "settings": self.settings, "parity_accuracy_level": self.parity_level,
                 "lossless_vs_no_draft": {"prompts": self.lossless_prompts, "tokens": self.lossless_tokens,
-                                         "failures": self.lossless_failures},
+                                         "failures": self.lossless_failures, "divergences": self.divergences},
                 "drift_vs_unquantized": {"positions": self.positions, "top1_agreement": self.top1_agreement,
                                          "mean_kl": self.mean_kl}}
 
@@ -139,17 +140,19 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
 
 def check_lossless(rt, prompts: list[list[int]], max_new: int, report: QuantReport) -> list[list[int]]:
     """EAGLE == --no-draft on the artifact as the runtime runs it; returns the --no-draft continuations."""
+    from .bench import find_divergence
+
     conts = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         eagle = rt.generate(prompt_ids=p, max_new_tokens=max_new, stop_on_eos=False)
         plain = rt.generate(prompt_ids=p, max_new_tokens=max_new, use_draft=False, stop_on_eos=False)
         report.lossless_prompts += 1
         report.lossless_tokens += len(plain.tokens)
-        diff = next((i for i, (a, b) in enumerate(zip(eagle.tokens, plain.tokens, strict=False)) if a != b), None)
-        if diff is None and len(eagle.tokens) != len(plain.tokens):
-            diff = min(len(eagle.tokens), len(plain.tokens))
-        if diff is not None:
-            report.lossless_failures.append(f"prompt {p}: EAGLE differs from --no-draft at token {diff}")
+        d = find_divergence(rt, list(p), eagle.tokens, plain.tokens)
+        if d is not None:
+            report.lossless_failures.append(f"prompt {i} {list(p)[:8]}...: EAGLE differs from --no-draft "
+                                            f"{d.describe()}")
+            report.divergences.append({"prompt": i, **d.to_dict()})
         conts.append(plain.tokens)
     return conts
 
