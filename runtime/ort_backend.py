@@ -63,13 +63,17 @@ FLOAT_ACCURACY_LEVEL = 1
 
 def runtime_session_config(manifest: Manifest | None, graph: str) -> dict[str, str]:
     """The session config the runtime gives ``graph``: the export's accuracy level (``quantized_session_config``),
-    except for the standard target graph of an artifact whose level rounds the activations, which runs at
-    ``FLOAT_ACCURACY_LEVEL``. That graph's attention sums a row's past and new columns as separate products, split
-    where the call starts, and softmaxes over the call's whole width, so a row verified in a tree and the same row
-    decoded alone differ in their last bits; at level 4 those bits can flip an int8 rounding of the next MatMul's
-    input and grow from layer to layer (docs/scale.md, "Why quantized EAGLE diverged"), while the float kernel keeps
-    them at the float graph's size, where EAGLE equals plain decoding as it does on a float artifact. The fused
-    graph (ONNX Runtime's fast path) is exact for chains at level 4 and keeps the export's level."""
+    except for the standard target graph of an artifact whose level rounds the activations, which runs float
+    products: int4 at ``FLOAT_ACCURACY_LEVEL``, int8 with its ``DequantizeLinear -> MatMul`` left unfused (ONNX
+    Runtime then folds the weights to float at load: MatMulNBits' 8-bit float kernel is 3-5x slower than level 4
+    on the fixture, float weights 1.1-1.4x, held in float in memory).
+
+    That graph's attention sums a row's past and new columns as separate products, split where the call starts,
+    and softmaxes over the call's whole width, so a row verified in a tree and the same row decoded alone differ in
+    their last bits; at level 4 those bits can flip an int8 rounding of the next MatMul's input and grow from layer
+    to layer (docs/scale.md, "Why quantized EAGLE diverged"), while float products keep them at the float graph's
+    size, where EAGLE equals plain decoding as it does on a float artifact. The fused graph (ONNX Runtime's fast
+    path) is exact for chains at level 4 and keeps the export's level."""
     config = quantized_session_config(manifest)
     q = None if manifest is None else manifest.quantization
     if q is not None and graph == C.TARGET_GRAPH and q.rounds_activations:
