@@ -272,10 +272,13 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     options.tree.validate(options.limits)
     tree = exact_default_tree(options.tree, options.quantize)
     if tree != options.tree:
-        log.warning("--quantize at accuracy level %d: the default tree is the chain %s instead of %s, on which EAGLE "
-                    "equals plain decoding token for token (docs/scale.md, \"Why quantized EAGLE diverged\"); "
-                    "--quantize-inexact-trees keeps the branching one", options.quantize.accuracy_level, tree,
-                    options.tree)
+        def show(t: TreeParams) -> str:
+            return f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
+
+        log.warning("--quantize at accuracy level %d: the default tree is the chain (%s) instead of (%s): on a "
+                    "chain EAGLE equals plain decoding token for token, on a branching tree it may differ at "
+                    "near-ties (docs/scale.md, \"Why quantized EAGLE diverged\"); --quantize-inexact-trees keeps "
+                    "the branching one", options.quantize.accuracy_level, show(tree), show(options.tree))
         options = dataclasses.replace(options, tree=tree)
     if options.quantize is not None:
         options.quantize.check()
