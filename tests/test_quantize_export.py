@@ -161,6 +161,9 @@ def test_validate_quantized_artifact(int4):
     assert q.positions > 20 and 0 <= q.top1_agreement < 1 and q.mean_kl > 1e-4  # int4 moved the distributions
     assert "drift vs the unquantized model" in report.format()
     assert report.to_dict()["quantization"]["drift_vs_unquantized"]["positions"] == q.positions
+    # A one-row call computes its row bit for bit as the first of a wider call does (the fused graph's padding).
+    assert q.one_row_diff == 0.0 and "computes its row as a verify does (fused graph, bit for bit): yes" in \
+        report.format()
 
 
 def test_drift_of_the_float_model_is_zero(models):
