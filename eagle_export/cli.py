@@ -54,9 +54,11 @@ def _tree_options(kind: str):
                  ("--total-tokens", dict(type=int, default=None,
                                          help="Draft nodes per round (default: the artifact's)."))]
     else:
-        specs = [("--top-k", dict(default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8].")),
-                 ("--depth", dict(default=None, help="depth values [default: 2,4,8].")),
-                 ("--total-tokens", dict(default=None, help="total_tokens values [default: 4,8,16,32,60]."))]
+        specs = [("--top-k", dict(default=None, help="top_k values, e.g. 1,2,4,8 or 2-6 [default: 1,2,4,8; on a "
+                                                     "quantized artifact at accuracy level 4 on ONNX Runtime: 1,2].")),
+                 ("--depth", dict(default=None, help="depth values [default: 2,4,8; quantized as above: 1-5].")),
+                 ("--total-tokens", dict(default=None, help="total_tokens values [default: 4,8,16,32,60; quantized "
+                                                            "as above: 2-5]."))]
 
     def apply(f):
         for name, kw in reversed(specs):
@@ -132,6 +134,11 @@ def main() -> None:
                    "kernel), 0/1 compute in float.")
 @click.option("--quantize-draft", is_flag=True,
               help="Also quantize the draft head's graph and the lm_heads of both graphs.")
+@click.option("--quantize-inexact-trees", is_flag=True,
+              help="Keep a branching default tree (--top-k > 1) at an accuracy level that rounds activations: more "
+                   "tokens per round, but EAGLE may then differ from plain decoding at near-ties (bench and validate "
+                   "report where). Without it the default tree is the chain of --depth, on which EAGLE equals plain "
+                   "decoding token for token (tools/lab/results.md).")
 @click.option("--feature-layers", default=None,
               help="EAGLE-3 only: comma-separated target decoder layers whose inputs the head reads, in the order "
                    "it concatenates them, repeats allowed (default: the ids the checkpoint names, converted to "
@@ -144,7 +151,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, fused, draft_tree, draft_tree_top_k, quantize,
-               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, feature_layers,
+               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_inexact_trees,
+               feature_layers,
                head_reading, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.checkpoint.hub import resolve_checkpoint
@@ -156,14 +164,15 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     tree_ks = None if draft_tree_top_k is None else tuple(_parse_ids(draft_tree_top_k, "--draft-tree-top-k"))
     if quantize == "none":
-        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric))
-                 if v]
+        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric),
+                                ("--quantize-inexact-trees", quantize_inexact_trees)) if v]
         if given:
             raise click.UsageError(f"{given[0]} needs --quantize int4 or int8")
         quant = None
     else:
         quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
-                                accuracy_level=quantize_accuracy_level, draft=quantize_draft)
+                                accuracy_level=quantize_accuracy_level, draft=quantize_draft,
+                                inexact_trees=quantize_inexact_trees)
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
@@ -527,9 +536,13 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
                    "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
                    "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
+@click.option("--inexact-trees", is_flag=True,
+              help="On an artifact where EAGLE is token-exact on chains only (a quantized one at accuracy level 4, "
+                   "on ONNX Runtime), also measure branching trees (top_k > 1): a setting where EAGLE then differs "
+                   "from plain decoding is reported with where and by what margin, and never chosen.")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, no_screen, backend,
              threads, repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm,
-             spin) -> None:
+             spin, inexact_trees) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -550,7 +563,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     report = tune(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
-                  batch_repeats=batch_repeats, spin=spin, confirm=confirm, screen=not no_screen)
+                  batch_repeats=batch_repeats, spin=spin, confirm=confirm, screen=not no_screen,
+                  inexact_trees=inexact_trees)
     lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:

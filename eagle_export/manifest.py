@@ -184,7 +184,10 @@ class QuantizationInfo:
     which form each quantized graph holds: "nbits" (ONNX Runtime's MatMulNBits, at ``accuracy_level``) or "qdq"
     (DequantizeLinear -> MatMul, which TensorRT builds when symmetric and ONNX Runtime fuses into MatMulNBits at the
     session's ``session.qdq_matmulnbits_accuracy_level``, set to ``accuracy_level`` by the runtime). ``lm_head``:
-    the output projections are quantized too; ``draft``: the draft head's graph is."""
+    the output projections are quantized too; ``draft``: the draft head's graph is. ``one_row_scratch``: the fused
+    target graph runs a call of one row of one sequence as two rows (export/graphs/fused.py ``pad_one_row_attention``),
+    the second a scratch row written to the cache row after the call's, so that a plain decoding step computes its row
+    exactly as a verify computes it."""
 
     method: str
     bits: int
@@ -195,6 +198,14 @@ class QuantizationInfo:
     lm_head: bool
     graphs: dict[str, str]  # graph name -> form
     matmuls: dict[str, int] = field(default_factory=dict)  # graph name -> MatMuls quantized
+    one_row_scratch: bool = False
+
+    @property
+    def rounds_activations(self) -> bool:
+        """ONNX Runtime's MatMulNBits rounds each input row at this accuracy level (4: to int8 per block; 2 and 3:
+        to a 16-bit float where the CPU has such a kernel), which turns a verify row's last-bit differences from the
+        same row decoded alone into visible ones: EAGLE is exact on chain trees only (tools/lab/results.md)."""
+        return self.accuracy_level > 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,7 +215,8 @@ class QuantizationInfo:
         return cls(method=str(d["method"]), bits=int(d["bits"]), block_size=int(d["block_size"]),
                    symmetric=bool(d["symmetric"]), accuracy_level=int(d["accuracy_level"]), draft=bool(d["draft"]),
                    lm_head=bool(d["lm_head"]), graphs={str(k): str(v) for k, v in d["graphs"].items()},
-                   matmuls={str(k): int(v) for k, v in (d.get("matmuls") or {}).items()})
+                   matmuls={str(k): int(v) for k, v in (d.get("matmuls") or {}).items()},
+                   one_row_scratch=bool(d.get("one_row_scratch", False)))
 
 
 #: The manifest key of QuantizationInfo (absent: float weights).

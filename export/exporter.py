@@ -8,6 +8,7 @@ and publish the folder atomically (``export/data/out_dir.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -56,7 +57,11 @@ from eagle_export.export.plan import (
     target_capacity,
     tree_graph_top_k,
 )
-from eagle_export.export.quantization.artifact import QuantizeOptions, quantize_artifact_graphs
+from eagle_export.export.quantization.artifact import (
+    QuantizeOptions,
+    exact_default_tree,
+    quantize_artifact_graphs,
+)
 from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo, TableRef
 from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
@@ -224,6 +229,17 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
     if options.dtype not in EXPORT_DTYPES:
         raise EagleExportError(f"dtype {options.dtype!r} is not one of {', '.join(EXPORT_DTYPES)}")
     options.tree.validate(options.limits)
+    tree = exact_default_tree(options.tree, options.quantize)
+    if tree != options.tree:
+        def show(t: TreeParams) -> str:
+            return f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
+
+        log.warning("--quantize at accuracy level %d: the default tree is the chain (%s) instead of (%s): on a "
+                    "chain EAGLE equals plain decoding token for token, on a branching tree it may differ at "
+                    "near-ties (tools/lab/results.md, \"Why quantized EAGLE diverged\"); "
+                    "--quantize-inexact-trees keeps the branching one", options.quantize.accuracy_level, show(tree),
+                    show(options.tree))
+        options = dataclasses.replace(options, tree=tree)
     if options.quantize is not None:
         options.quantize.check()
         if options.dtype == "bf16":

@@ -59,6 +59,35 @@ def quantized_session_config(manifest: Manifest | None) -> dict[str, str]:
     return {} if q is None else {"session.qdq_matmulnbits_accuracy_level": str(q.accuracy_level)}
 
 
+# MatMulNBits' float kernel (accuracy level 1: the weights dequantized, float products): what the runtime gives the
+# standard target graph of an artifact whose level rounds the activations (2 and up; 4: int8).
+FLOAT_ACCURACY_LEVEL = 1
+
+
+def runtime_session_config(manifest: Manifest | None, graph: str) -> dict[str, str]:
+    """The session config the runtime gives ``graph``: the export's accuracy level (``quantized_session_config``),
+    except for the standard target graph of an artifact whose level rounds the activations, which runs float
+    products: int4 at ``FLOAT_ACCURACY_LEVEL``, int8 with its ``DequantizeLinear -> MatMul`` left unfused (ONNX
+    Runtime then folds the weights to float at load: MatMulNBits' 8-bit float kernel is 3-5x slower than level 4
+    on the fixture, float weights 1.1-1.4x, held in float in memory).
+
+    That graph's attention sums a row's past and new columns as separate products, split where the call starts,
+    and softmaxes over the call's whole width, so a row verified in a tree and the same row decoded alone differ in
+    their last bits; at level 4 those bits can flip an int8 rounding of the next MatMul's input and grow from layer
+    to layer (tools/lab/results.md, "Why quantized EAGLE diverged"), while float products keep them at the float graph's
+    size, where EAGLE equals plain decoding as it does on a float artifact. The fused graph (ONNX Runtime's fast
+    path) is exact for chains at level 4 and keeps the export's level."""
+    config = quantized_session_config(manifest)
+    q = None if manifest is None else manifest.quantization
+    if q is not None and graph == C.TARGET_GRAPH and q.rounds_activations:
+        if q.bits == 8:  # MatMulNBits' 8-bit float kernel is 3-5x its level 4 here: float weights are 1.1-1.4x
+            del config["session.qdq_matmulnbits_accuracy_level"]
+            config["session.disable_quant_qdq"] = "1"
+        else:
+            config["session.qdq_matmulnbits_accuracy_level"] = str(FLOAT_ACCURACY_LEVEL)
+    return config
+
+
 def session_options(threads: int | None, spin: str = "off",
                     config: dict[str, str] | None = None) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
@@ -217,7 +246,6 @@ class OrtBackend:
         self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_graphs else None
         self.spin = spin
         self._directory, self._manifest, self._providers, self._threads = Path(directory), manifest, providers, threads
-        self._config = quantized_session_config(manifest)
         self._policy = parse_spin(spin)
         self.graphs = {name: self._open(name) for name in (self.target_graph, C.DRAFT_GRAPH)}
         self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
@@ -231,7 +259,8 @@ class OrtBackend:
         base = base or name
         g = self._manifest.graphs[base]
         session = OrtGraph(self._directory / g.file, self._providers, self._threads,
-                           self._policy["target" if name == self.target_graph else "draft"], self._config, model)
+                           self._policy["target" if name == self.target_graph else "draft"],
+                           runtime_session_config(self._manifest, base), model)
         if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
             raise ManifestError(
                 f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "

@@ -272,7 +272,8 @@ def test_write_winner_refuses_a_lossy_report(art):
 
 def test_admissible_and_parse_list():
     class Session:
-        manifest = SimpleNamespace(tree_limits=TreeLimits(4, 3, 12))
+        manifest = SimpleNamespace(tree_limits=TreeLimits(4, 3, 12), quantization=None)
+        backend = "ort"
 
         def check_tree(self, tree):  # like TensorRT engines built for a verify of at most 9 tokens
             if tree.verify_tokens > 9:
@@ -286,6 +287,17 @@ def test_admissible_and_parse_list():
     assert T.parse_list("8, 1,2-4,2", "--top-k", 1) == (1, 2, 3, 4, 8)
     assert T.parse_list([3, 0], "--depth", 0) == (0, 3)
     assert T.Grid.parse().to_dict() == {"top_k": [1, 2, 4, 8], "depth": [2, 4, 8], "total_tokens": [4, 8, 16, 32, 60]}
+    # Where only chains are token-exact (MatMulNBits rounding activations, on ONNX Runtime): branching trees only
+    # with inexact_trees, and a narrow default grid (chains and 2-wide trees of 3-6 verify tokens).
+    s.manifest = SimpleNamespace(tree_limits=TreeLimits(4, 3, 12),
+                                 quantization=SimpleNamespace(rounds_activations=True))
+    assert T.admissible(TreeParams(2, 2, 4), s) == T.INEXACT
+    assert T.admissible(TreeParams(2, 2, 4), s, inexact_trees=True) is None
+    assert T.admissible(TreeParams(1, 2, 3), s) is None
+    s.backend = "tensorrt"
+    assert T.admissible(TreeParams(2, 2, 4), s) is None
+    assert T.Grid.parse(narrow=True).to_dict() == {"top_k": [1, 2], "depth": [1, 2, 3, 4, 5],
+                                                   "total_tokens": [2, 3, 4, 5]}
 
 
 def test_tuned_field_round_trips_and_is_optional(source):

@@ -15,6 +15,8 @@ under the mask. Nothing else of the cache is read or copied."""
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -153,3 +155,94 @@ def pack_qkv(model) -> int:
     del g.node[:]
     g.node.extend(nodes)
     return packed
+
+
+# Name prefix of the nodes and constants ``pad_one_row_attention`` adds.
+ONE_ROW = "/one_row_pad"
+
+
+def pad_one_row_attention(model: onnx.ModelProto) -> int:
+    """Make a call of one row of one sequence run its GroupQueryAttentions over two rows, as every other call does.
+
+    ONNX Runtime's CPU GroupQueryAttention multiplies the attention probabilities by V with one MLAS GEMM of
+    ``new_tokens`` rows per head, and MLAS computes a one-row product (alpha 1) with a kernel of its own
+    (``MlasSgemmKernelM1Avx``: multiply then add, another summation order), where two rows or more go through the FMA
+    GEMM kernel and each row's result does not depend on the others. So a plain decoding step's row differs in its
+    last bits from the same row verified in a tree. A float graph barely notices; at accuracy level 4 every MatMul
+    quantizes its input row to int8, where such a difference can cross a rounding boundary and move the output by a
+    whole step, which the later layers and the cached K/V carry on (tools/lab/results.md, "Why quantized EAGLE
+    diverged").
+
+    Here, when the call has one row of one sequence (``batch * new_tokens == 1``), each GroupQueryAttention takes its
+    packed QKV (or query, key and value) and the positions with that row repeated after it (``Pad``, edge mode), the
+    sequence lengths one longer and the attention bias with a zero row and column after it; its output is sliced
+    back to the call's rows. The extra row is a scratch row: the causal rule keeps it out of the real row's
+    attention, and its K/V land in the cache row after the call's (row ``total_len``), which a later call writes
+    before any call reads it. Other calls pad nothing (a batch of one-row sequences cannot: the operator takes
+    several rows over a past for one sequence only). Cost: two small nodes per layer and a few shared ones
+    (tools/lab/results.md).
+
+    Applied to the fused graph of a quantized export (export/quantization/artifact.py). Returns the attentions
+    padded."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    gqas = [x for x in g.node if x.op_type == "GroupQueryAttention" and x.domain == MS]
+    if not gqas:
+        return 0
+    shared_inputs = tuple(gqas[0].input[i] for i in (5, 6, 9, 10))  # seqlens_k, total_len, position_ids, bias
+    if any(tuple(x.input[i] for i in (5, 6, 9, 10)) != shared_inputs for x in gqas):
+        raise ValueError("the GroupQueryAttention nodes do not share their lengths, positions and bias")
+    seqlens, total, pos, bias = shared_inputs
+    P = ONE_ROW
+
+    def const(name: str, values) -> str:
+        g.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), f"{P}/{name}"))
+        return f"{P}/{name}"
+
+    count = iter(range(1 << 30))
+
+    def node(op: str, inputs: list[str], out: str, **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [out], name=f"{P}/{op}_{next(count)}", **attrs)
+
+    zero1, one, ax0, ax1 = const("zero1", [0]), const("one", 1), const("ax0", [0]), const("ax1", [1])
+    zeros = {k: const(f"zeros{k}", [0] * k) for k in (3, 4, 6)}
+    added: list[onnx.NodeProto] = []
+    for op, inputs, out, attrs in (
+        ("Shape", [pos], "shape", {}),  # [batch, new_tokens]
+        ("ReduceProd", [f"{P}/shape"], "rows", {"keepdims": 0}),
+        ("Equal", [f"{P}/rows", one], "is_one", {}),
+        ("Cast", [f"{P}/is_one"], "pad", {"to": TensorProto.INT64}),
+        ("Unsqueeze", [f"{P}/pad", ax0], "pad1", {}),
+        ("Cast", [f"{P}/pad"], "pad32", {"to": TensorProto.INT32}),
+        ("Gather", [f"{P}/shape", one], "new", {"axis": 0}),
+        ("Unsqueeze", [f"{P}/new", ax0], "new1", {}),
+        ("Concat", [zeros[3], f"{P}/pad1"], "pads_pos", {"axis": 0}),  # [B, T]: T end
+        ("Concat", [zeros[4], f"{P}/pad1", zero1], "pads_qkv", {"axis": 0}),  # [B, T, W]: T end
+        ("Concat", [zeros[6], f"{P}/pad1", f"{P}/pad1"], "pads_bias", {"axis": 0}),  # [B, 1, T, total]: T, total ends
+        ("Pad", [pos, f"{P}/pads_pos"], "position_ids", {"mode": "edge"}),
+        ("Add", [seqlens, f"{P}/pad32"], "seqlens_k", {}),
+        ("Add", [total, f"{P}/pad32"], "total_len", {}),
+        ("Pad", [bias, f"{P}/pads_bias"], "bias", {"mode": "constant"}),  # zeros: the scratch row sees every column
+    ):
+        added.append(node(op, inputs, f"{P}/{out}", **attrs))
+    nodes = []
+    for x in g.node:
+        if x.op_type == "GroupQueryAttention" and x.domain == MS:
+            if x is gqas[0]:  # the shared nodes after what they read, before their first reader
+                nodes += added
+            for i in (0, 1, 2):  # the packed QKV, or query, key and value (Qwen3's normed q and k are not packed)
+                if x.input[i]:
+                    nodes.append(node("Pad", [x.input[i], f"{P}/pads_qkv"], f"{x.input[i]}{P}", mode="edge"))
+                    x.input[i] = f"{x.input[i]}{P}"
+            out = x.output[0]
+            x.input[5], x.input[6], x.input[9], x.input[10] = (f"{P}/seqlens_k", f"{P}/total_len",
+                                                               f"{P}/position_ids", f"{P}/bias")
+            x.output[0] = f"{out}{P}"
+            nodes.append(x)
+            nodes.append(node("Slice", [f"{out}{P}", zero1, f"{P}/new1", ax1], out))
+            continue
+        nodes.append(x)
+    del g.node[:]
+    g.node.extend(nodes)
+    return len(gqas)

@@ -8,7 +8,9 @@ Runs on a finished (float) export directory before its manifest is written, and 
 - the draft tree graph (ONNX Runtime only; with ``draft``) in the ``nbits`` form, its weights shared again with the
   step and target graphs' data files where they are the same bytes;
 - the fused target graph (ONNX Runtime only) in the ``nbits`` form (``MatMulNBits`` written directly), its packed
-  QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart).
+  QKV weight quantized as one matrix (block-wise along K, so the same numbers as quantizing q, k, v apart), and
+  its attention given two rows on a one-row call (export/graphs/fused.py ``pad_one_row_attention``: a plain decoding
+  step then computes its row bit for bit as a verify does, which accuracy level 4's int8 activations need).
 
 Streamed: each weight is read (plain file reads, no memory maps: export/data/datafile.py), quantized and appended to
 its graph's new data file before the next one is read, so memory holds one float weight and its quantized form,
@@ -31,6 +33,7 @@ from onnx import TensorProto
 
 from eagle_export import contract as C
 from eagle_export.export.data.datafile import DataWriter, Files, external, set_external
+from eagle_export.export.graphs.fused import pad_one_row_attention
 from eagle_export.export.quantization.matmuls import (
     ACCURACY_LEVELS,
     BITS,
@@ -40,6 +43,7 @@ from eagle_export.export.quantization.matmuls import (
     quantize_matmuls,
 )
 from eagle_export.manifest import QuantizationInfo
+from eagle_export.tree_params import TreeParams, candidate_count
 
 INLINE_MAX = 1024  # initializers up to this many bytes stay inside the .onnx file, as the exporter leaves them
 # Block 32, symmetric: what the peer's int4 builder uses, and what TensorRT-RTX builds. The accuracy level is
@@ -58,6 +62,8 @@ class QuantizeOptions:
     symmetric: bool = True
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     draft: bool = False
+    # Keep a branching default tree at an accuracy level that rounds the activations (``exact_default_tree``).
+    inexact_trees: bool = False
 
     def check(self) -> None:
         """One-line errors for settings neither MatMulNBits nor DequantizeLinear can take."""
@@ -70,6 +76,24 @@ class QuantizeOptions:
             raise QuantizeError(f"--quantize-accuracy-level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
                                 f"got {self.accuracy_level}")
         check_settings(self.bits, self.block_size, self.accuracy_level)  # the pass's own rules, the same
+
+
+def exact_default_tree(tree: TreeParams, options: QuantizeOptions | None) -> TreeParams:
+    """The artifact's default tree: ``tree``, except on a quantized export at an accuracy level that rounds the
+    activations (2 and up; 4 quantizes them to int8), where a branching tree (top_k > 1) becomes the chain of its
+    depth (top_k 1, at most depth + 1 nodes) unless ``options.inexact_trees``.
+
+    Why: a verify row attends to its ancestors' columns with the other branches' columns masked between them, and
+    ONNX Runtime's attention sums a row's softmax by vector lane, so the same path verified in a branching tree and
+    decoded token by token differs in its last bits; level 4 turns such bits into int8 rounding flips that grow from
+    layer to layer, and EAGLE then differs from plain decoding at near-ties (tools/lab/results.md, "Why quantized EAGLE
+    diverged"). A chain's accepted path sits in consecutive columns, as plain decoding's does, and is computed bit
+    for bit alike (with the fused graph's one-row padding), so EAGLE stays exact by default; branching trees remain
+    available per request and to `tune --inexact-trees`, which report the divergences they cause."""
+    if options is None or options.inexact_trees or options.accuracy_level <= 1 or tree.top_k == 1:  # see
+        # QuantizationInfo.rounds_activations
+        return tree
+    return TreeParams(1, tree.depth, min(tree.total_tokens, candidate_count(1, tree.depth)))
 
 
 def defer_weight_concats(model: onnx.ModelProto) -> dict[str, tuple[int, list[TensorProto]]]:
@@ -236,6 +260,7 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     todo = [g for g in (C.TARGET_GRAPH,) if g in graphs] + ([C.DRAFT_GRAPH] if options.draft else [])
     todo += [g for g in graphs if g == C.TARGET_FUSED_GRAPH or C.is_tree_graph(g)]
     rewritten: dict[str, dict[int, int]] = {}  # data file -> old offset -> new offset, of the files rewritten so far
+    one_row_scratch = False
     done: list[_Graph] = []
     with Files(directory) as files:  # the data files as the float export left them, until every graph is written
         try:
@@ -256,6 +281,8 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
                     if not report.quantized and not tree:
                         raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
                     forms[name], counts[name] = form, len(report.quantized)
+                    if name == C.TARGET_FUSED_GRAPH:  # a plain step's row computed as a verify computes it
+                        one_row_scratch = pad_one_row_attention(g.model) > 0
                 g.finish(files, rewritten)
                 rewritten[g.data_name] = g.moved
         except BaseException:
@@ -274,4 +301,4 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
             onnx.checker.check_model(str(directory / f"{name}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
-                            lm_head=options.draft, graphs=forms, matmuls=counts)
+                            lm_head=options.draft, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch)

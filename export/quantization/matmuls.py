@@ -29,6 +29,12 @@ Settings (measured in tools/lab/results.md, "Weight-only quantization: kernel ch
   slower than int4 at every row count. A float16 graph works as well (MatMulNBits takes fp16 A natively).
 - TensorRT: ``form="qdq"``, bits 4, ``symmetric=True`` (TensorRT-RTX 1.7 refuses UINT4/UINT8 weights with a zero
   point); it builds the whole target graph so (tests/test_quantize.py).
+
+Level 4 quantizes each input row to int8, so a last-bit difference in that row (a kernel that computes one row
+otherwise than several, an attention that sums a tree row's columns otherwise than a step's) can move the output
+by a whole step: what makes quantized EAGLE token-exact anyway is in tools/lab/results.md ("Why quantized EAGLE
+diverged"): export/graphs/fused.py ``pad_one_row_attention``, quantize_artifact.py ``exact_default_tree``, and the
+runtime's ``runtime_session_config``.
 """
 
 from __future__ import annotations

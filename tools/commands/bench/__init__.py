@@ -89,6 +89,64 @@ class _Run:
         return len(self.tokens) / max(self.prefill_s + self.decode_s, 1e-12)
 
 
+# A divergence where no-draft's two best logits were closer than this is a near-tie: rounding can decide it (on the
+# fixture, int4 kernels moved logits by up to 0.02 between a row decoded alone and the same row verified;
+# tools/lab/results.md, "Why quantized EAGLE diverged"). A larger margin points at a bug.
+NEAR_TIE = 0.05
+
+
+@dataclass
+class Divergence:
+    """Where EAGLE's tokens first differ from no-draft's on one prompt, and how close no-draft's choice was there."""
+
+    token: int  # index among the generated tokens (0: the prefill's token)
+    position: int  # the sequence position it was generated at: prompt tokens + token
+    eagle: int | None  # EAGLE's token there (None: EAGLE stopped before it)
+    no_draft: int | None  # no-draft's token there (None: no-draft stopped before it)
+    margin: float | None  # no-draft's top-2 logit margin there (None: not measured)
+
+    @property
+    def near_tie(self) -> bool | None:
+        return None if self.margin is None else self.margin < NEAR_TIE
+
+    def describe(self) -> str:
+        what = (f"at generated token {self.token} (position {self.position}): EAGLE {self.eagle}, no-draft "
+                f"{self.no_draft}")
+        if self.margin is None:
+            return what
+        kind = ("a near-tie: kernel rounding can decide it" if self.near_tie
+                else f"not a near-tie (>= {NEAR_TIE}): look for a bug")
+        return f"{what}; no-draft top-2 logit margin {self.margin:.3g} ({kind})"
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "position": self.position, "eagle": self.eagle, "no_draft": self.no_draft,
+                "no_draft_top2_margin": self.margin, "near_tie": self.near_tie}
+
+
+def no_draft_margin(rt, ids: list[int], token: int, stop_on_eos: bool = False) -> float | None:
+    """No-draft's top-2 logit margin at generated token ``token`` of prompt ``ids``: a no-draft generation of
+    token + 1 tokens with the top-2 log-probabilities of each (a log-softmax keeps logit differences)."""
+    stream = rt.submit(prompt_ids=ids, max_new_tokens=token + 1, use_draft=False, stop_on_eos=stop_on_eos,
+                       logprobs=2)
+    stream.wait()
+    lp = stream.logprobs
+    if len(lp) <= token or len(lp[token].top) < 2:
+        return None
+    return float(lp[token].top[0][1] - lp[token].top[1][1])
+
+
+def find_divergence(rt, ids: list[int], eagle: list[int], no_draft: list[int],
+                    stop_on_eos: bool = False) -> Divergence | None:
+    """None when the token lists are equal; else where they first differ, with no-draft's margin there (one more
+    no-draft generation, untimed)."""
+    i = first_divergence(eagle, no_draft)
+    if i is None:
+        return None
+    margin = no_draft_margin(rt, ids, i, stop_on_eos) if i < len(no_draft) else None
+    return Divergence(i, len(ids) + i, eagle[i] if i < len(eagle) else None,
+                      no_draft[i] if i < len(no_draft) else None, margin)
+
+
 @dataclass
 class PromptRow:
     source: str
@@ -112,6 +170,7 @@ class PromptRow:
     peer_tok_s: float | None = None
     peer_new_tokens: int | None = None
     peer_divergence: int | None = None
+    divergence: Divergence | None = None  # where EAGLE first differs from no-draft (None: lossless)
 
     @property
     def peer_equal(self) -> bool | None:
@@ -124,6 +183,8 @@ class PromptRow:
              "eagle_decode_s": self.decode_s, "draft_s": self.draft_s, "target_s": self.target_s,
              "host_s": self.host_s, "accept_lengths": list(self.accept_lengths),
              "no_draft_decode_s": self.no_draft_decode_s, "no_draft_target_s": self.no_draft_target_s}
+        if self.divergence is not None:
+            d["divergence"] = self.divergence.to_dict()
         if self.peer_tok_s is not None:
             d.update(peer_tok_s=self.peer_tok_s, peer_new_tokens=self.peer_new_tokens, peer_equal=self.peer_equal,
                      peer_first_divergence=self.peer_divergence,
@@ -256,6 +317,8 @@ class BenchReport:
             f"peak memory: {self.peak_rss_mb:.0f} MiB (the process's peak resident set size, ru_maxrss)",
             f"lossless (EAGLE tokens == no-draft tokens on every prompt): {self.lossless}",
         ]
+        lines += [f"  prompt {i} ({r.source}) diverges {r.divergence.describe()}"
+                  for i, r in enumerate(self.rows, 1) if r.divergence is not None]
         return "\n".join(lines)
 
 
@@ -401,7 +464,14 @@ class PairedSession:
                     rep = f" (repeat {r + 1}/{repeats})" if repeats > 1 else ""
                     log(f"prompt {i + 1}/{len(self.specs)}{rep}: tau {tau(e.accept_lengths):.2f}, EAGLE "
                         f"{e.tok_s:.1f} tok/s, no-draft {n.tok_s:.1f} tok/s{more}")
-        return [_row(self.specs[i], self.prompt_ids[i], runs[i]) for i in chosen]
+        rows = [_row(self.specs[i], self.prompt_ids[i], runs[i]) for i in chosen]
+        for row, i in zip(rows, chosen, strict=True):
+            if not row.lossless:  # the first repeat whose EAGLE tokens differ, against no-draft's (untimed)
+                rr = runs[i]
+                e = next(x for x in rr["eagle"] if any(x.tokens != y.tokens for y in rr["no_draft"]))
+                n = next(y for y in rr["no_draft"] if y.tokens != e.tokens)
+                row.divergence = find_divergence(self.rt, self.prompt_ids[i], e.tokens, n.tokens, stop_on_eos)
+        return rows
 
 
 def _peer_run(peer, spec: PromptSpec, ids: list[int], max_new: int, exact: bool):

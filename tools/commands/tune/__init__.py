@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 
 from eagle_export.errors import EagleExportError
 from eagle_export.tools.commands.bench import (
+    Divergence,
     PairedSession,
     PromptRow,
     PromptSpec,
@@ -80,6 +81,12 @@ if TYPE_CHECKING:
 DEFAULT_TOP_K = (1, 2, 4, 8)
 DEFAULT_DEPTH = (2, 4, 8)
 DEFAULT_TOTAL_TOKENS = (4, 8, 16, 32, 60)
+# The default grid on an artifact whose verify cost grows fast with its rows and where only chains are token-exact
+# (ONNX Runtime with MatMulNBits rounding the activations, e.g. int4 at accuracy level 4: a 13-token verify costs
+# several 1-token steps on a CPU core): chains and 2-wide trees of 3-6 verify tokens (top_k 2 with --inexact-trees).
+NARROW_TOP_K = (1, 2)
+NARROW_DEPTH = (1, 2, 3, 4, 5)
+NARROW_TOTAL_TOKENS = (2, 3, 4, 5)
 RANKED_BY = "speedup"
 ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
 
@@ -138,11 +145,13 @@ class Grid:
 
     @classmethod
     def parse(cls, top_k: ValuesArg | None = None, depth: ValuesArg | None = None,
-              total_tokens: ValuesArg | None = None) -> Grid:
-        """Lists as given on the command line (None: the default list)."""
-        return cls(DEFAULT_TOP_K if top_k is None else parse_list(top_k, "--top-k", 1),
-                   DEFAULT_DEPTH if depth is None else parse_list(depth, "--depth", 0),
-                   DEFAULT_TOTAL_TOKENS if total_tokens is None else parse_list(total_tokens, "--total-tokens", 1))
+              total_tokens: ValuesArg | None = None, narrow: bool = False) -> Grid:
+        """Lists as given on the command line (None: the default list; ``narrow``: the NARROW_* lists)."""
+        dk, dd, dt = ((NARROW_TOP_K, NARROW_DEPTH, NARROW_TOTAL_TOKENS) if narrow
+                      else (DEFAULT_TOP_K, DEFAULT_DEPTH, DEFAULT_TOTAL_TOKENS))
+        return cls(dk if top_k is None else parse_list(top_k, "--top-k", 1),
+                   dd if depth is None else parse_list(depth, "--depth", 0),
+                   dt if total_tokens is None else parse_list(total_tokens, "--total-tokens", 1))
 
     def settings(self) -> list[TreeParams]:
         return [TreeParams(k, d, n) for k in self.top_k for d in self.depth for n in self.total_tokens]
@@ -151,10 +160,20 @@ class Grid:
         return {"top_k": list(self.top_k), "depth": list(self.depth), "total_tokens": list(self.total_tokens)}
 
 
-def admissible(tree: TreeParams, session: PairedSession) -> str | None:
-    """None when the tree can run on the session's artifact and backend, else why not (a short reason)."""
+INEXACT = "branching: not token-exact at this artifact's accuracy level (--inexact-trees)"
+
+
+def admissible(tree: TreeParams, session: PairedSession, inexact_trees: bool = False) -> str | None:
+    """None when the tree can run on the session's artifact and backend, else why not (a short reason).
+
+    On ONNX Runtime, an artifact whose MatMulNBits round the activations (``QuantizationInfo.rounds_activations``)
+    runs EAGLE token-exact on chains only: branching trees are tried with ``inexact_trees`` alone, and a divergence
+    they cause is reported (tools/lab/results.md, "Why quantized EAGLE diverged")."""
     if tree.total_tokens > tree.max_candidates:
         return "total_tokens > top_k + depth*top_k^2"
+    q = session.manifest.quantization
+    if tree.top_k > 1 and not inexact_trees and session.backend == "ort" and q is not None and q.rounds_activations:
+        return INEXACT
     limits = session.manifest.tree_limits
     if (tree.top_k > limits.max_top_k or tree.depth > limits.max_depth
             or tree.total_tokens > limits.max_total_tokens):
@@ -166,7 +185,8 @@ def admissible(tree: TreeParams, session: PairedSession) -> str | None:
     return None
 
 
-def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: PairedSession) -> list[TreeParams]:
+def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: PairedSession,
+                inexact_trees: bool = False) -> list[TreeParams]:
     """Stage 2: around BEST, one dimension at a time, the midpoints to its neighbours in the grid's list (and half
     the smallest value when BEST is on it), valid and not measured yet."""
     out: list[TreeParams] = []
@@ -183,7 +203,7 @@ def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: Pa
             cands.append((v + values[i + 1]) // 2)
         for c in cands:
             t = TreeParams(**{**best.to_dict(), name: c})
-            if c != v and t not in done and t not in out and admissible(t, session) is None:
+            if c != v and t not in done and t not in out and admissible(t, session, inexact_trees) is None:
                 out.append(t)
     return out
 
@@ -202,12 +222,15 @@ class SettingRow:
     confirmed: bool = False  # measured again among the best (``confirm``); ranked ahead of the others
     path: str = TREE_PATH  # how the runtime drafts this tree: TREE_PATH (one call a round) or STEP_PATH
     dropped: bool = False  # screened out on the first prompts (the grid's screen): ranked after the others
+    # Per lossy prompt: where EAGLE first differs from no-draft and no-draft's top-2 margin there (bench.Divergence).
+    divergences: dict[str, Divergence] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"tree": self.tree.to_dict(), "stage": self.stage, "tau": self.tau, "eagle_tok_s": self.eagle_tok_s,
                 "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
                 "runs": self.runs, "lossy_prompts": list(self.lossy_prompts), "confirmed": self.confirmed,
-                "path": self.path, "dropped": self.dropped}
+                "path": self.path, "dropped": self.dropped,
+                "divergences": {k: v.to_dict() for k, v in self.divergences.items()}}
 
     def label(self) -> str:
         t = self.tree
@@ -218,7 +241,8 @@ def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow], path: str = 
     return SettingRow(tree, stage, tau_of(rows), statistics.median(r.eagle_tok_s for r in rows),
                       statistics.median(r.no_draft_tok_s for r in rows), statistics.median(r.speedup for r in rows),
                       all(r.lossless for r in rows), len(rows),
-                      sorted({r.source for r in rows if not r.lossless}), path=path)
+                      sorted({r.source for r in rows if not r.lossless}), path=path,
+                      divergences={r.source: r.divergence for r in rows if r.divergence is not None})
 
 
 def draft_path(session: PairedSession, tree: TreeParams) -> str:
@@ -387,6 +411,7 @@ class TuneReport:
                              "needs explicit tree settings (or tune there, or rebuild with a larger --max-tree-tokens)")
         for r in self.lossy:
             lines.append(f"LOSSY: {r.label()}: EAGLE tokens differ from no-draft on {', '.join(r.lossy_prompts)}")
+            lines += [f"  {src}: {d.describe()}" for src, d in r.divergences.items()]
         table = self.batch_table
         if table is not None:
             lines += format_rows(self.batch, table.rows[0])
@@ -415,7 +440,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
          batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None,
-         spin: str | None = "auto", confirm: int = 3, screen: bool = True) -> TuneReport:
+         spin: str | None = "auto", confirm: int = 3, screen: bool = True,
+         inexact_trees: bool = False) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
@@ -426,19 +452,21 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     recorded), or None (the runtime's default, nothing recorded); ONNX Runtime only. confirm: how many of the best
     settings are measured ``CONFIRM_PASSES`` more times before the ranking is final (0 or 1: none). screen: the
     grid's screen (first half of the prompts, then the rest for the best; module docstring).
+    inexact_trees: also measure branching trees on an artifact where only chains are token-exact (``admissible``).
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
     if not isinstance(repeats, int) or repeats < 1:
         raise TuneError(f"--repeats must be >= 1, got {repeats!r}")
-    grid = Grid.parse(top_k, depth, total_tokens)
+    from eagle_export.manifest import load_manifest
+
+    q = load_manifest(artifact).quantization
+    grid = Grid.parse(top_k, depth, total_tokens, narrow=backend == "ort" and q is not None and q.rounds_activations)
     sizes = _batch_sizes(artifact, batch_sizes)
     spins = spin_candidates(spin, backend)
     say = log or (lambda msg: None)
     spin_rows: list[SpinRow] = []
     chosen = spins[0] if len(spins) == 1 else None
     if len(spins) > 1:
-        from eagle_export.manifest import load_manifest
-
         default_tree = load_manifest(artifact).tree_defaults
         say(f"spin stage: {len(spins)} policies with the default tree (top_k {default_tree.top_k}, depth "
             f"{default_tree.depth}, total_tokens {default_tree.total_tokens})")
@@ -452,7 +480,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         todo = []
         # Grouped by (top_k, depth): the runtime opens each top_k's tree graph cut to a depth once.
         for t in sorted(grid.settings(), key=lambda t: (t.top_k, t.depth, t.total_tokens)):
-            why = admissible(t, s)
+            why = admissible(t, s, inexact_trees)
             if why is None:
                 todo.append(t)
             else:
@@ -510,7 +538,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         if refine:
             ok = sorted((r for r in rows if r.lossless and not r.dropped), key=_rank_key)
             if ok:
-                extra = refinements(ok[0].tree, grid, {r.tree for r in rows}, s)
+                extra = refinements(ok[0].tree, grid, {r.tree for r in rows}, s, inexact_trees)
                 if extra:
                     say(f"refining around {ok[0].label()}: {len(extra)} more settings")
                     run("refine", extra, 1, len(extra))

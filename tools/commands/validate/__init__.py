@@ -231,9 +231,10 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
         oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
         greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap, log)
         if quant is not None:
-            from .quant import check_lossless, measure_drift
+            from .quant import check_lossless, check_one_row, measure_drift
 
             log("quantized artifact: EAGLE vs --no-draft at its own settings, drift vs the unquantized model")
+            check_one_row(own_dir, load_manifest(own_dir), threads, quant)
             conts = check_lossless(own_rt, plist, max_new_tokens, quant)
             measure_drift(own_dir, load_manifest(own_dir), float_lm, [p + c for p, c in zip(plist, conts,
                                                                                            strict=True)],

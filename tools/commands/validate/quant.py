@@ -37,6 +37,10 @@ class QuantReport:
     lossless_prompts: int = 0
     lossless_tokens: int = 0
     lossless_failures: list[str] = field(default_factory=list)
+    divergences: list[dict] = field(default_factory=list)  # per failure: prompt index and bench.Divergence.to_dict()
+    # The fused graph's one-row call against row 0 of wider calls over the same cache (``check_one_row``): the max
+    # |logit difference| (0.0: bit for bit, so plain decoding computes its rows as a verify does), None: not run.
+    one_row_diff: float | None = None
     positions: int = 0
     top1_agreement: float = float("nan")
     mean_kl: float = float("nan")
@@ -48,9 +52,10 @@ class QuantReport:
     def to_dict(self) -> dict:
         return {"passed": self.passed, "settings": self.settings, "parity_accuracy_level": self.parity_level,
                 "lossless_vs_no_draft": {"prompts": self.lossless_prompts, "tokens": self.lossless_tokens,
-                                         "failures": self.lossless_failures},
+                                         "failures": self.lossless_failures, "divergences": self.divergences},
                 "drift_vs_unquantized": {"positions": self.positions, "top1_agreement": self.top1_agreement,
-                                         "mean_kl": self.mean_kl}}
+                                         "mean_kl": self.mean_kl},
+                "one_row_call_max_logit_diff": self.one_row_diff}
 
     def format(self) -> list[str]:
         s = self.settings
@@ -62,6 +67,12 @@ class QuantReport:
                  f"  lossless at the artifact's settings (EAGLE == --no-draft): {ok} ({self.lossless_prompts} "
                  f"prompts, {self.lossless_tokens} tokens)"]
         lines += [f"    {f}" for f in self.lossless_failures[:5]]
+        if self.one_row_diff is not None:
+            same = self.one_row_diff == 0.0
+            lines.append("  a one-row call computes its row as a verify does (fused graph, bit for bit): "
+                         + ("yes" if same else f"NO (logits up to {self.one_row_diff:.3g} apart: this CPU's kernels "
+                                               "compute one row otherwise at these settings, so EAGLE can differ "
+                                               "from --no-draft at near-ties; tools/lab/results.md)"))
         if self.positions:
             lines.append(f"  drift vs the unquantized model over {self.positions} positions: top-1 agreement "
                          f"{self.top1_agreement:.4f}, mean KL {self.mean_kl:.3g} nats")
@@ -139,19 +150,49 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
 
 def check_lossless(rt, prompts: list[list[int]], max_new: int, report: QuantReport) -> list[list[int]]:
     """EAGLE == --no-draft on the artifact as the runtime runs it; returns the --no-draft continuations."""
+    from eagle_export.tools.commands.bench import find_divergence
+
     conts = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         eagle = rt.generate(prompt_ids=p, max_new_tokens=max_new, stop_on_eos=False)
         plain = rt.generate(prompt_ids=p, max_new_tokens=max_new, use_draft=False, stop_on_eos=False)
         report.lossless_prompts += 1
         report.lossless_tokens += len(plain.tokens)
-        diff = next((i for i, (a, b) in enumerate(zip(eagle.tokens, plain.tokens, strict=False)) if a != b), None)
-        if diff is None and len(eagle.tokens) != len(plain.tokens):
-            diff = min(len(eagle.tokens), len(plain.tokens))
-        if diff is not None:
-            report.lossless_failures.append(f"prompt {p}: EAGLE differs from --no-draft at token {diff}")
+        d = find_divergence(rt, list(p), eagle.tokens, plain.tokens)
+        if d is not None:
+            report.lossless_failures.append(f"prompt {i} {list(p)[:8]}...: EAGLE differs from --no-draft "
+                                            f"{d.describe()}")
+            report.divergences.append({"prompt": i, **d.to_dict()})
         conts.append(plain.tokens)
     return conts
+
+
+def check_one_row(directory: Path, m: Manifest, threads: int | None, report: QuantReport, past: int = 37) -> None:
+    """The fused target graph's one-row call over ``past`` cached rows against row 0 of 2-, 5- and 13-row calls over
+    the same rows: ``report.one_row_diff``, the largest logit difference (0.0 where the kernels at the artifact's
+    settings compute a row alike whatever the call's width, as plain decoding needs to equal EAGLE). Skipped (None)
+    without a fused graph."""
+    from .graphs import FusedAsStandard
+
+    if C.TARGET_FUSED_GRAPH not in m.graphs:
+        return
+    t = m.target
+    run = FusedAsStandard(directory / m.graphs[C.TARGET_FUSED_GRAPH].file, m, threads)
+    dt = np.dtype(m.dtype)
+    ids = np.random.default_rng(0).integers(0, t.vocab_size, past + 13)
+
+    def call(start: int, n: int, cache: list[np.ndarray]) -> dict:
+        mask = np.concatenate([np.ones((n, start), bool), np.tri(n, dtype=bool)], 1)
+        feed = {C.INPUT_IDS: ids[None, start:start + n], C.ATTENTION_MASK: mask[None],
+                C.POSITION_IDS: np.arange(start, start + n, dtype=np.int64)[None],
+                C.LOGIT_INDICES: np.arange(n, dtype=np.int64)[None]}
+        feed.update(zip(C.past_names(t.num_layers), cache, strict=True))
+        return run(feed)[0]
+
+    pre = call(0, past, [np.zeros((1, 0, t.kv_heads, t.head_dim), dt)] * (2 * t.num_layers))
+    cache = [pre[n] for n in C.present_names(t.num_layers)]
+    one = call(past, 1, cache)[C.LOGITS][0, 0]
+    report.one_row_diff = max(float(np.abs(call(past, n, cache)[C.LOGITS][0, 0] - one).max()) for n in (2, 5, 13))
 
 
 @torch.no_grad()
