@@ -18,9 +18,18 @@ from .export.checkpoint.readings import READING_CHOICES
 from .extras import HTTP_CLIENT, RAY, SERVE, require
 from .progress import end_open_bars, setup_logging
 from .text_stream import TextStream
-from .tree_params import TreeLimits, TreeParams
+from .tree_params import TreeLimits, TreeParams, tree_over_defaults
 
 _DEF_TREE = TreeParams()
+
+_THRESHOLD = click.option(
+    "--threshold", type=float, default=None,
+    help="Tree threshold: draft nodes whose cumulative draft probability is below it are left out of the verify, "
+         "so an unsure draft verifies fewer tokens (0 = off; default: the artifact's).")
+_NO_GUARD = click.option(
+    "--no-guard", is_flag=True,
+    help="Draft every round: turn off the speculation guard, which runs plain rounds while speculation is slower "
+         "than plain decoding and probes back (docs/runtime.md).")
 _DEF_LIMITS = TreeLimits()
 
 
@@ -241,7 +250,9 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True)
 @_tree_options("run")
+@_THRESHOLD
 @click.option("--no-draft", is_flag=True, help="Plain autoregressive decoding on the same target graph.")
+@_NO_GUARD
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Sampling temperature; 0 = greedy (then --top-p/--top-k-sampling/--seed are ignored).")
@@ -257,8 +268,8 @@ def _parse_ids(text: str, option: str = "--prompt-ids") -> list[int]:
                    "string, or the ids); with --json one object holding a list `samples`.")
 @_backend_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, depth, total_tokens, no_draft, ignore_eos,
-                 temperature, top_p, top_k_sampling, seed, samples, backend, as_json) -> None:
+def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, depth, total_tokens, threshold, no_draft,
+                 no_guard, ignore_eos, temperature, top_p, top_k_sampling, seed, samples, backend, as_json) -> None:
     """Generate from ARTIFACT (a directory made by `eagle-export export`)."""
     from .runtime import EagleRuntime
     from .runtime.chat import user_message
@@ -275,21 +286,21 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
         sampling = None
     elif seed is None:  # pick one, so the run can be repeated from the JSON output
         sampling = sampling.with_seed(secrets.randbelow(2**31))
-    rt = EagleRuntime.open(artifact, backend=backend)
+    rt = EagleRuntime.open(artifact, backend=backend, guard=not no_guard)
     m = rt.manifest
-    d = m.tree_defaults
-    tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
-                      total_tokens if total_tokens is not None else d.total_tokens)
-    if (top_k, depth, total_tokens) == (None, None, None) and m.batch_trees is not None:
-        tree = None  # no tree given: the artifact's per-batch table picks it (one sequence: its first row)
+    tree = None  # no tree given: the artifact's default decoding (tree_defaults, or its per-batch table's row for 1)
+    if (top_k, depth, total_tokens, threshold) != (None, None, None, None):
+        tree = tree_over_defaults(m.tree_defaults, top_k, depth, total_tokens, threshold)
     kwargs = dict(max_new_tokens=max_new_tokens, tree=tree, use_draft=not no_draft, stop_on_eos=not ignore_eos)
-    shown = tree or (m.batch_trees.pick(1) if m.batch_trees is not None else d)
+    shown = tree or m.default_tree(rt.max_batch)  # None: the default is no draft (`eagle-export tune` found none paid)
     if prompt_ids is not None:
         kwargs["prompt_ids"] = _parse_ids(prompt_ids)
     if chat:
         kwargs["messages"], prompt = user_message(prompt), None
     settings = {"mode": "no-draft" if no_draft or shown is None else "eagle",
                 "tree": None if no_draft or shown is None else shown.to_dict(),
+                "default": tree is None and not no_draft,  # the artifact's default decoding (None tree: no draft)
+                "guard": not no_guard and not no_draft and shown is not None,
                 "sampling": None if sampling is None else sampling.to_dict()}
     if samples is not None:
         _generate_samples(rt, prompt, kwargs, sampling, samples, settings, as_json)
@@ -314,8 +325,11 @@ def generate_cmd(artifact, prompt, chat, prompt_ids, max_new_tokens, top_k, dept
     else:
         s = res.stats
         seed = "" if sampling is None else f"seed={sampling.seed}, "  # to repeat a sampled run: --seed
+        mode = "no draft" if no_draft or shown is None else (
+            f"drafted {s.spec_rounds}/{s.rounds} rounds" + (f", guard off {s.guard_switches}x" if s.guard_switches
+                                                            else ""))
         click.echo(f"[{len(res.tokens)} tokens, finish={res.finish_reason}, {seed}rounds={s.rounds}, tau={s.tau:.2f}, "
-                   f"opened in {rt.open_s or 0.0:.1f} s, prefill {s.prefill_s * 1e3:.1f} ms, "
+                   f"{mode}, opened in {rt.open_s or 0.0:.1f} s, prefill {s.prefill_s * 1e3:.1f} ms, "
                    f"{len(res.tokens) / max(s.decode_s + s.prefill_s, 1e-9):.1f} tok/s overall]", err=True)
 
 
@@ -400,6 +414,8 @@ _PROMPTS_FILE = click.option(
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="Tokens generated per prompt and mode (greedy; EOS ignored unless --stop-at-eos).")
 @_tree_options("run")
+@_THRESHOLD
+@_NO_GUARD
 @_backend_option
 @_threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
@@ -437,9 +453,9 @@ _PROMPTS_FILE = click.option(
                    "see docs/serve.md).")
 @click.option("--api-key", envvar="EAGLE_EXPORT_API_KEY", default=None,
               help="With --url: the server's API key [env: EAGLE_EXPORT_API_KEY].")
-def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, backend, threads, as_json,
-              plot_file, concurrency, requests, repeats, stop_at_eos, peer, peer_precision, peer_target, peer_cache,
-              spin, url, api_key) -> None:
+def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, threshold, no_guard, backend,
+              threads, as_json, plot_file, concurrency, requests, repeats, stop_at_eos, peer, peer_precision,
+              peer_target, peer_cache, spin, url, api_key) -> None:
     """Measure EAGLE against --no-draft on ARTIFACT (or a server's --url), side by side in one run (see
     docs/bench.md)."""
     from .prompts import read_prompts
@@ -461,11 +477,11 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
         require("serve", *HTTP_CLIENT, command="`eagle-export bench --url`")
         from .tools.commands.bench.http import bench_http
 
-        if plot_file is not None or repeats not in (None, 1):
-            raise EagleExportError("--plot and --repeats are not available with --url (run bench --concurrency on "
-                                   "the artifact for those)")
-        given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
-                 if v is not None}
+        if plot_file is not None or repeats not in (None, 1) or no_guard:
+            raise EagleExportError("--plot, --repeats and --no-guard are not available with --url (run bench "
+                                   "--concurrency on the artifact for those; a server's guard is `serve --no-guard`)")
+        given = {k: v for k, v in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens),
+                                   ("threshold", threshold)) if v is not None}
         report = bench_http(url, concurrency=_parse_ids(concurrency or "1", "--concurrency"), requests=requests,
                             prompts=prompts, max_new_tokens=max_new_tokens, tree=given or None, api_key=api_key,
                             log=log)
@@ -476,15 +492,13 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
 
         ns = _parse_ids(concurrency, "--concurrency")
         tree = None
-        if (top_k, depth, total_tokens) != (None, None, None):
+        if (top_k, depth, total_tokens, threshold) != (None, None, None, None):
             from .manifest import load_manifest
 
-            d = load_manifest(artifact).tree_defaults
-            tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
-                              total_tokens if total_tokens is not None else d.total_tokens)
+            tree = tree_over_defaults(load_manifest(artifact).tree_defaults, top_k, depth, total_tokens, threshold)
         report = bench_concurrency(artifact, concurrency=ns, requests=requests, prompts=prompts,
                                    max_new_tokens=max_new_tokens, tree=tree, backend=backend, threads=threads,
-                                   repeats=repeats or 1, log=log)
+                                   repeats=repeats or 1, guard=not no_guard, log=log)
         click.echo(json.dumps(report.to_dict()) if as_json else report.format())
         if plot_file is not None:
             plot_throughput(report, plot_file)
@@ -494,7 +508,8 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
     if requests is not None:
         raise EagleExportError("--requests goes with --concurrency")
     report = bench(artifact, prompts=prompts, max_new_tokens=max_new_tokens, top_k=top_k, depth=depth,
-                   total_tokens=total_tokens, backend=backend, threads=threads, stop_at_eos=stop_at_eos, spin=spin,
+                   total_tokens=total_tokens, threshold=threshold, guard=not no_guard, backend=backend,
+                   threads=threads, stop_at_eos=stop_at_eos, spin=spin,
                    repeats=repeats, peer=peer, peer_precision=peer_precision, peer_target=peer_target,
                    peer_cache=peer_cache, log=log)
     click.echo(json.dumps(report.to_dict()) if as_json else report.format())
@@ -536,13 +551,19 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
               help="ONNX Runtime's thread spin policy: auto measures off, run and target=run,draft=off with the "
                    "default tree first and keeps the fastest; a policy (off, run, on, or per phase) is used as "
                    "given. Either is recorded for the runtime's default (docs/runtime.md, Threading).")
+@click.option("--min-speedup", type=click.FloatRange(min=0, min_open=True), default=1.05, show_default=True,
+              help="A tree becomes the default only if it beats plain decoding by this factor; else the default is "
+                   "no draft (batch_trees' row for one sequence says null).")
+@click.option("--thresholds", default=None,
+              help="Verify-width thresholds to try with the best tree, e.g. 0.01,0.05; 0 for none [default: "
+                   "0.01,0.05].")
 @click.option("--inexact-trees", is_flag=True,
               help="On an artifact where EAGLE is token-exact on chains only (a quantized one at accuracy level 4, "
                    "on ONNX Runtime), also measure branching trees (top_k > 1): a setting where EAGLE then differs "
                    "from plain decoding is reported with where and by what margin, and never chosen.")
 def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens, no_refine, no_screen, backend,
              threads, repeats, as_json, plot_file, dry_run, batch_sizes, batch_requests, batch_repeats, confirm,
-             spin, inexact_trees) -> None:
+             spin, inexact_trees, min_speedup, thresholds) -> None:
     """Measure tokens/s over a grid of tree settings on ARTIFACT and write the best into its manifest as
     tree_defaults, and the best tree (or no draft) per number of concurrent sequences as batch_trees (see
     docs/tune.md).
@@ -551,9 +572,10 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
     """
     from .prompts import read_prompts
     from .tools.commands.bench import require_matplotlib
-    from .tools.commands.tune import Grid, parse_list, plot_speedup, tune, write_winner
+    from .tools.commands.tune import Grid, parse_list, parse_thresholds, plot_speedup, tune, write_winner
 
     Grid.parse(top_k, depth, total_tokens)  # refuse a malformed list before opening anything
+    parse_thresholds(thresholds)
     if batch_sizes != "auto":
         parse_list(batch_sizes, "--batch-sizes", 1)
     if plot_file is not None:
@@ -564,7 +586,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
                   total_tokens=total_tokens, backend=backend, threads=threads, repeats=repeats,
                   refine=not no_refine, log=log, batch_sizes=batch_sizes, batch_requests=batch_requests,
                   batch_repeats=batch_repeats, spin=spin, confirm=confirm, screen=not no_screen,
-                  inexact_trees=inexact_trees)
+                  inexact_trees=inexact_trees, min_speedup=min_speedup,
+                  thresholds=thresholds)
     lossy = bool(report.lossy) or not report.batch_lossless or not report.spin_lossless
     written = False
     if not dry_run and not lossy:
@@ -578,12 +601,14 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         click.echo(report.format())
         if written:
             w = report.winner.tree
-            click.echo(f"wrote tree_defaults top_k {w.top_k}, depth {w.depth}, total_tokens {w.total_tokens} "
-                       f"into {Path(artifact) / 'manifest.json'}"
+            click.echo(f"wrote tree_defaults {w.label} into {Path(artifact) / 'manifest.json'}"
                        + (f", and the spin policy {report.spin}" if report.spin else ""))
             if report.batch_table is not None:
                 click.echo(f"wrote batch_trees ({len(report.batch_table.rows)} rows) into "
                            f"{Path(artifact) / 'manifest.json'}")
+            if report.no_draft:
+                click.echo("default decoding: no draft (batch_trees row 1 is null; `generate` without tree options, "
+                           "`bench`, `serve` and the API decode plainly)")
         elif dry_run:
             click.echo("dry run: manifest not changed")
     if plot_file is not None:
@@ -654,9 +679,10 @@ def demo_cmd(ctx) -> None:
               help="Ray Serve replicas, one runtime each (--ray).")
 @click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="CPUs Ray reserves per replica (--ray).")
+@_NO_GUARD
 def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_tokens, max_body_bytes, api_key,
               model_name, backend, threads, drain_timeout_s, header_timeout_s, body_timeout_s, replica_header,
-              use_ray, replicas, replica_cpus) -> None:
+              use_ray, replicas, replica_cpus, no_guard) -> None:
     """Serve ARTIFACT over HTTP with OpenAI's completions and chat completions API (see docs/serve.md).
 
     \b
@@ -683,7 +709,7 @@ def serve_cmd(artifact, host, port, max_batch, max_queue, timeout_s, max_prompt_
     opts = ServeOptions(str(Path(artifact).resolve()), backend, max_batch, max_queue, timeout_s, max_prompt_tokens,
                         max_body_bytes, api_key or None, model_name or Path(artifact).resolve().name, threads,
                         drain_timeout_s=drain_timeout_s, header_timeout_s=header_timeout_s,
-                        body_timeout_s=body_timeout_s, replica_header=replica_header)
+                        body_timeout_s=body_timeout_s, replica_header=replica_header, guard=not no_guard)
     if use_ray:
         from .serve.run import serve_ray
 

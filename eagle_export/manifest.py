@@ -253,6 +253,17 @@ class Manifest:
         """Most sequences per graph call: the top of the graphs' batch range (`export --max-batch`)."""
         return min(g.axes[C.BATCH][1] for g in self.graphs.values())
 
+    def default_tree(self, max_batch: int = 1) -> TreeParams | None:
+        """The tree a request given none decodes one sequence with: the per-batch table's row for 1 where there is one
+        (None: no draft, which `eagle-export tune` writes where no tree paid; also when no row a runtime of
+        ``max_batch`` sequences reaches drafts: such requests then never draft), else ``tree_defaults``."""
+        table = self.batch_trees
+        if table is None:
+            return self.tree_defaults
+        if not any(r.tree is not None for r in table.rows if r.active <= max_batch):
+            return None
+        return table.pick(1)
+
     def to_dict(self) -> dict:
         return {
             "schema_version": self.schema_version,
@@ -344,9 +355,9 @@ def load_manifest(directory: str | Path) -> Manifest:
 
 
 def set_tree_defaults(directory: str | Path, tree: TreeParams | None, tuned: TunedInfo | None = None,
-                      batch_trees: BatchTrees | None = None) -> Manifest:
+                      batch_trees: BatchTrees | None = None, clear_batch_trees: bool = False) -> Manifest:
     """Replace the artifact's ``tree_defaults`` (unless None; and its ``tuned`` record, and its ``batch_trees`` table
-    when given) in manifest.json, atomically.
+    when given; ``clear_batch_trees`` removes the table) in manifest.json, atomically.
 
     The file is edited as JSON, not re-serialised from a Manifest, so every other key keeps its value and order
     (keys this version does not know included). The result is checked like any manifest before the rename."""
@@ -367,6 +378,8 @@ def set_tree_defaults(directory: str | Path, tree: TreeParams | None, tuned: Tun
         raw["tuned"] = tuned.to_dict()
     if batch_trees is not None:
         raw["batch_trees"] = batch_trees.to_list()
+    elif clear_batch_trees:
+        raw.pop("batch_trees", None)
     manifest = Manifest.from_dict(raw)
     check_manifest(manifest, path)
     tmp = path.with_name(f".{MANIFEST_NAME}.partial")

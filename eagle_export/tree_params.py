@@ -20,11 +20,19 @@ def candidate_count(top_k: int, depth: int) -> int:
     return top_k + depth * top_k * top_k
 
 
+TREE_KEYS = ("top_k", "depth", "total_tokens")  # every tree's keys in the manifest and the APIs
+THRESHOLD_KEY = "threshold"  # optional: written only when not 0, so untuned manifests keep their three keys
+
+
 @dataclass(frozen=True)
 class TreeParams:
     top_k: int = 4
     depth: int = 3
     total_tokens: int = 12
+    # Verify width from the draft's confidence: a draft node joins the verify tree only if its path's cumulative draft
+    # probability (exp of its score) is at least this; the tree is then the best total_tokens of those (0 nodes: the
+    # round verifies the root alone). 0 (the default) selects total_tokens nodes every round.
+    threshold: float = 0.0
 
     @property
     def max_candidates(self) -> int:
@@ -47,6 +55,9 @@ class TreeParams:
             raise GenerationError(f"depth must be >= 0, got {self.depth}")
         if self.total_tokens < 1:
             raise GenerationError(f"total_tokens must be >= 1, got {self.total_tokens}")
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:  # NaN fails too
+            raise GenerationError(f"tree threshold must be a probability in [0, 1], got {t!r}")
         if self.total_tokens > self.max_candidates:
             raise GenerationError(
                 f"total_tokens={self.total_tokens} exceeds the {self.max_candidates} draft nodes a tree with "
@@ -57,7 +68,33 @@ class TreeParams:
         return self
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if not self.threshold:
+            del d[THRESHOLD_KEY]
+        return d
+
+    @property
+    def label(self) -> str:
+        """'top_k 2, depth 4, total_tokens 8' (and ', threshold 0.05' when set), for reports and messages."""
+        text = f"top_k {self.top_k}, depth {self.depth}, total_tokens {self.total_tokens}"
+        return text + (f", threshold {self.threshold:g}" if self.threshold else "")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TreeParams:
+        """From a manifest's or a request's object: keys top_k, depth, total_tokens and optionally threshold (a
+        GenerationError naming the keys otherwise); validate() checks the values."""
+        if not isinstance(d, dict) or not set(TREE_KEYS) <= set(d) or set(d) - {*TREE_KEYS, THRESHOLD_KEY}:
+            raise GenerationError(f"a tree must be an object with keys top_k, depth, total_tokens (and optionally "
+                                  f"threshold), got {d!r}")
+        return cls(**d)
+
+
+def tree_over_defaults(d: TreeParams, top_k: int | None, depth: int | None, total_tokens: int | None,
+                       threshold: float | None = None) -> TreeParams:
+    """The tree whose given fields replace those of ``d`` (a manifest's tree_defaults)."""
+    return TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
+                      total_tokens if total_tokens is not None else d.total_tokens,
+                      threshold if threshold is not None else d.threshold)
 
 
 @dataclass(frozen=True)
@@ -159,14 +196,14 @@ class BatchTrees:
             t = r["tree"]
             if t is None:
                 tree = None
-            elif isinstance(t, dict) and set(t) == {"top_k", "depth", "total_tokens"}:
+            elif isinstance(t, dict) and set(TREE_KEYS) <= set(t) <= {*TREE_KEYS, THRESHOLD_KEY}:
                 try:
                     tree = TreeParams(**t).validate(limits)
                 except GenerationError as e:
                     raise GenerationError(f"{where}.tree: {e}") from None
             else:
-                raise GenerationError(f"{where}.tree must be null (no draft) or {{top_k, depth, total_tokens}}, "
-                                      f"got {t!r}")
+                raise GenerationError(f"{where}.tree must be null (no draft) or {{top_k, depth, total_tokens}} "
+                                      f"(and optionally threshold), got {t!r}")
             speedup = r.get("speedup")
             if speedup is not None and (isinstance(speedup, bool) or not isinstance(speedup, (int, float))):
                 raise GenerationError(f"{where}.speedup must be a number, got {speedup!r}")

@@ -2,9 +2,10 @@
 
 from .api import EagleRuntime, GenerationStream
 from .generator import GenerationResult, GenerationStats
+from .guard import GuardPolicy
 from .sampling import SamplingParams
 from .scheduler import RequestStream
 from .stream_text import StreamChunk
 
-__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "RequestStream",
+__all__ = ["EagleRuntime", "GenerationStream", "GenerationResult", "GenerationStats", "GuardPolicy", "RequestStream",
            "SamplingParams", "StreamChunk"]

@@ -1,5 +1,6 @@
 """Acceptance of a verified draft tree: greedy (longest path matching the target's argmax) and
-sampling (recursive rejection over the tree, which keeps the target's distribution exactly)."""
+sampling (each committed token drawn from the target's distribution, a child accepted when the draw is its token),
+which keeps the target's distribution exactly."""
 
 from __future__ import annotations
 
@@ -49,49 +50,35 @@ def accept_greedy(tree: VerifyTree, target_argmax: np.ndarray) -> Accepted:
 
 
 def accept_sampling(tree: VerifyTree, probs, rng: np.random.Generator) -> Accepted:
-    """Recursive rejection over the tree (EAGLE's sampling acceptance).
+    """Sampling acceptance over the tree: at each node, draw the next token from the target's distribution there;
+    if it is a child's token, step to that child and go on; else it is the bonus.
 
-    ``probs[i]`` is the target's processed distribution (``sampling.process_logits``) at tree node
-    i: a [T, V] array, or a ``sampling.LazyProbs`` that processes only the rows this walk visits.
-    At the current node, try its children in tree order: accept child x with probability p(x);
-    on rejection set p(x) = 0 and renormalise before the next sibling. An accepted child becomes
-    the current node. When every child is rejected, the bonus is drawn from the residual p; when
-    the node has no children (a full path was accepted), from the node's own distribution.
+    ``probs[i]`` is the target's processed distribution (``sampling.process_logits``) at tree node i: a [T, V]
+    array, or a ``sampling.LazyProbs`` that processes only the rows this walk visits. Each committed token is one
+    draw of ``sampling.sample_token`` (one uniform, the inverse of the row's cumulative distribution), exactly what
+    a plain decoding step draws for it: so every committed token has the target's distribution, and a request's
+    tokens for a seed do not depend on the tree, on whether a round drafted, or on the draft at all.
 
-    The drafts are deterministic top-k, i.e. a proposal q that is one-hot on each sibling in turn,
-    so this is speculative sampling's "accept with min(1, p/q), else draw from norm(max(p - q, 0))"
-    applied sibling after sibling: the committed token at every node is distributed exactly as p
-    (docs/runtime.md, "Sampling", has the proof). Uses one uniform draw per tried child plus one
-    for a bonus.
+    The drafts are deterministic top-k, i.e. a proposal q one-hot on each child: a child x is accepted with
+    probability p(x), as recursive rejection (speculative sampling's "accept with min(1, p/q), else draw from
+    norm(max(p - q, 0))", sibling after sibling) accepts it, and the bonus is drawn from p restricted to the other
+    tokens, its residual: the same acceptance, with the draws coupled to plain decoding's (docs/runtime.md,
+    "Sampling", has the argument).
     """
     if len(probs) != tree.num_nodes:
         raise ValueError(f"probs has {len(probs)} rows, expected {tree.num_nodes}")
+    tokens, kids = tree.tokens.tolist(), tree.children_lists()
     node = 0
     while True:
-        p = np.array(probs[node], dtype=np.float64)  # a copy: rejections modify it
-        mass = total = p.sum()  # total: the mass left after the rejections so far (renormalising lazily)
-        accepted = -1
-        for child in tree.children_of(node):
-            x = int(tree.tokens[child])
-            px = p[x]
-            if rng.random() * total < px:  # u < p(x) / total
-                accepted = int(child)
+        x = sample_token(probs[node], rng)
+        for child in kids[node]:
+            if tokens[child] == x:
                 break
-            p[x] = 0.0
-            total -= px
-            if total <= 1e-9 * mass:  # cancellation: recount exactly
-                total = p.sum()
-                if not total > 0:
-                    # x held all the remaining mass (probability 1 in exact arithmetic): rejected only by
-                    # rounding. Accept it rather than draw from an empty residual.
-                    p[x] = px
-                    accepted = int(child)
-                    break
-        if accepted < 0:
+        else:
             break
-        node = accepted
+        node = child
     path = _path_to(tree, node)
-    return Accepted(indices=path, tokens=tree.tokens[path[1:]].copy(), bonus=sample_token(p, rng))
+    return Accepted(indices=path, tokens=tree.tokens[path[1:]].copy(), bonus=x)
 
 
 def _path_to(tree: VerifyTree, node: int) -> np.ndarray:

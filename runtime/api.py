@@ -41,6 +41,7 @@ from .backend import Backend
 from .chat import chat_prompt_ids
 from .embedding import TokenEmbedding
 from .generator import GenerationResult, Generator
+from .guard import DEFAULT_POLICY, GuardPolicy
 from .logprobs import check_top
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
@@ -125,7 +126,7 @@ class GenerationStream:
 
 class EagleRuntime:
     def __init__(self, directory: Path, manifest: Manifest, backend: Backend, tokenizer=None,
-                 prefill_chunk: int = 256, max_batch: int = 1):
+                 prefill_chunk: int = 256, max_batch: int = 1, guard: GuardPolicy | None = DEFAULT_POLICY):
         self.directory = directory
         self.manifest = manifest
         self.backend = backend
@@ -136,7 +137,7 @@ class EagleRuntime:
         # One set of buffers for max_batch sequences. With max_batch 1, stream/generate run a sequence on it in
         # the caller's thread, under the lock; submit's scheduler thread takes the same lock while it has work.
         self.generator = Generator(manifest, backend, TokenEmbedding.open(directory, manifest), prefill_chunk,
-                                   slots=max_batch)
+                                   slots=max_batch, guard=guard)
         self._lock = _OwnedLock()
         self._closed = False
         self.open_s: float | None = None  # set by open(): seconds it took
@@ -168,7 +169,8 @@ class EagleRuntime:
     @classmethod
     def open(cls, directory: str | Path, backend: str = "ort", providers: list[str] | None = None,
              threads: int | None = None, prefill_chunk: int = 256, max_batch: int = 1,
-             fused: bool = True, spin: str | None = None, draft_tree: bool = True) -> EagleRuntime:
+             fused: bool = True, spin: str | None = None, draft_tree: bool = True,
+             guard: bool | GuardPolicy = True) -> EagleRuntime:
         """Check the manifest, load the graphs on the backend and allocate every buffer once.
 
         backend: "ort" (ONNX Runtime on the ONNX graphs) or "tensorrt" (the engines of `eagle-export build`,
@@ -182,8 +184,12 @@ class EagleRuntime:
         Threading).
         draft_tree: on ONNX Runtime, draft with the draft tree graph where the artifact has one and the round's tree
         fits it (the default: one draft call a round; False drafts level by level with the step graph).
+        guard: the speculation guard (docs/runtime.md, "The speculation guard"): True (the default) runs a drafting
+        request's rounds plain while speculation loses against the plain steps this runtime measures, and probes back
+        at growing intervals; False drafts every round; a ``GuardPolicy`` sets its thresholds. Lossless either way.
         """
         t0 = time.perf_counter()
+        policy = guard_policy(guard)
         directory = Path(directory)
         manifest = load_manifest(directory)
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or not 1 <= max_batch <= manifest.max_batch:
@@ -208,7 +214,7 @@ class EagleRuntime:
                 raise GenerationError(f"max_batch {max_batch} is above the engines' --max-batch {built}: rebuild "
                                       f"with `eagle-export build {directory} --max-batch {max_batch}`")
         tokenizer = _load_tokenizer(directory) if manifest.has_tokenizer else None
-        rt = cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch)
+        rt = cls(directory, manifest, be, tokenizer, prefill_chunk, max_batch, guard=policy)
         rt.open_s = time.perf_counter() - t0  # load time: graphs on the backend, buffers, tokenizer
         log.info("opened %s in %.1f s", directory, rt.open_s)
         return rt
@@ -327,8 +333,9 @@ class EagleRuntime:
           messages: a conversation ``[{"role": "user", "content": "..."}, ...]``, rendered with the tokenizer's
             chat template with the generation prompt appended (needs a tokenizer that has one).
         max_new_tokens: most tokens to generate (the artifact's capacity may end it sooner: finish "capacity").
-        tree: the draft tree (``TreeParams(top_k, depth, total_tokens)``); None: the artifact's ``tree_defaults``, or
-          each round's tree from its per-batch table (manifest ``batch_trees``) where it has one.
+        tree: the draft tree (``TreeParams(top_k, depth, total_tokens, threshold)``); None: the artifact's default
+          decoding: its ``tree_defaults``, or each round's tree from its per-batch table (manifest ``batch_trees``)
+          where it has one, which may say no draft (``eagle-export tune`` writes that where no tree paid).
         use_draft: False for plain autoregressive decoding on the same target graph.
         stop_on_eos: False to keep generating past end-of-sequence tokens.
         sampling: None (or temperature 0) for greedy; else ``SamplingParams(temperature, top_p, top_k, seed)``,
@@ -345,6 +352,17 @@ class EagleRuntime:
             pass
         assert stream.result is not None
         return stream.result
+
+
+def guard_policy(guard: bool | GuardPolicy) -> GuardPolicy | None:
+    """``open``'s guard argument as the generator's policy (None: off); anything else is a GenerationError."""
+    if isinstance(guard, GuardPolicy):
+        return guard.validate()
+    if guard is True:
+        return DEFAULT_POLICY
+    if guard is False:
+        return None
+    raise GenerationError(f"guard must be True, False or a GuardPolicy, got {guard!r}")
 
 
 def tuned_spin(manifest) -> str | None:

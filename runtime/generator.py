@@ -50,6 +50,7 @@ from eagle_export.tree_params import TreeParams
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
+from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 from .kv_cache import FusedKVCache, KVCache
 from .logprobs import token_logprobs
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
@@ -80,16 +81,54 @@ class GenerationStats:
     # First draft position at or past the head's max_position_embeddings (None: never got there). Output stays
     # lossless past it; only acceptance may drop, as the head was not trained there.
     draft_beyond_position_limit: int | None = None
+    # The speculation metrics (docs/runtime.md, GenerationStats): how the rounds ran and what they cost.
+    spec_rounds: int = 0  # rounds that verified a draft tree (the rest were plain one-token rounds)
+    plain_rounds: int = 0  # rounds without a draft: --no-draft, a no-draft default or per-batch row, the guard
+    drafted_tokens: int = 0  # draft tokens sent to verification (the verify trees' nodes, root excluded)
+    verified_tokens: int = 0  # tokens the target checked in the rounds: each tree with its root, 1 per plain round
+    draft_s: float = 0.0  # draft graph time in the rounds (a batched call's time counts for every sequence in it)
+    target_s: float = 0.0  # target graph time in the rounds
+    host_s: float = 0.0  # the rest of the rounds' wall time (tree, acceptance, commit, binding, Python)
+    guard_switches: int = 0  # times the guard turned this request's speculation off
+    spec_flags: list[bool] = field(default_factory=list, repr=False)  # per round: did it speculate
+
+    @property
+    def spec_accept_lengths(self) -> list[int]:
+        """Draft tokens accepted per speculative round (the plain rounds left out)."""
+        return [a for a, f in zip(self.accept_lengths, self.spec_flags, strict=False) if f]
 
     @property
     def tau(self) -> float:
         """Committed tokens per target forward, bonus token included."""
         return tau(self.accept_lengths)
 
+    @property
+    def accepted_tokens(self) -> int:
+        """Draft tokens accepted, over every round."""
+        return sum(self.accept_lengths)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over drafted tokens (None: nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def spec_share(self) -> float | None:
+        """Share of the rounds that speculated (None: no round)."""
+        return self.spec_rounds / self.rounds if self.rounds else None
+
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
                 "draft_forwards": self.draft_forwards, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
-                "draft_beyond_position_limit": self.draft_beyond_position_limit}
+                "draft_beyond_position_limit": self.draft_beyond_position_limit, **self.speculation()}
+
+    def speculation(self) -> dict:
+        """The speculation metrics as one object (``generate --json``'s stats, the server's ``eagle`` extension)."""
+        return {"spec_rounds": self.spec_rounds, "plain_rounds": self.plain_rounds, "spec_share": self.spec_share,
+                "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+                "verified_tokens": self.verified_tokens, "acceptance_rate": self.acceptance_rate,
+                "draft_s": self.draft_s, "target_s": self.target_s, "host_s": self.host_s,
+                "guard_switches": self.guard_switches}
 
 
 @dataclass
@@ -125,9 +164,16 @@ class Slot:
     t_join: float = 0.0
     ready: bool = False  # the grower holds this round's candidates already (the draft tree graph grew them)
     lag: list[int] = field(default_factory=list)  # tokens of rounds without a draft, not yet in the draft cache
+    guard: Guard | None = None  # the speculation guard of a drafting request (None: off)
+    guarded: bool = False  # this round's mode came from the guard (the request could draft this round)
+    leaving: bool = False  # the guard turned speculation off after this round: its tokens go to the lag rows
+    prior: tuple[float, float] | None = None  # the runtime's running tau for the request's tree (the guard's start)
 
     def __post_init__(self) -> None:
+        self.base = self.req.tree  # the tree this slot drafts with when it drafts (a per-batch row may change it)
         self.set_tree(self.req.tree)
+        if self.req.guard is not None and self.req.tree is not None:
+            self.guard = Guard(self.req.guard, prior=self.prior)
 
     def set_tree(self, t: TreeParams | None) -> None:
         """The tree of this slot's next rounds (None: no draft)."""
@@ -145,7 +191,7 @@ class Generator:
     step: the smallest rounding, in rows, of the cache regions' common stride (``slots.LayoutPlan``)."""
 
     def __init__(self, manifest: Manifest, backend: Backend, embedding: TokenEmbedding, prefill_chunk: int = 256,
-                 slots: int = 1, step: int = 16):
+                 slots: int = 1, step: int = 16, guard: GuardPolicy | None = DEFAULT_POLICY):
         if not isinstance(backend, Backend):
             raise TypeError(f"{type(backend).__name__} does not implement runtime.backend.Backend")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
@@ -156,6 +202,11 @@ class Generator:
                 f"--max-batch {slots} or more"
             )
         self.m, self.backend, self.B = manifest, backend, slots
+        # The speculation guard (runtime/guard.py): its settings for drafting requests (None: off), and the round
+        # times it reads, measured over this generator's rounds.
+        self.guard = None if guard is None else guard.validate()
+        self.costs = RoundCosts()
+        self._t_draft = self._t_target = 0.0  # graph seconds of the current round
         self.embedding = embedding  # the draft's input_embeds come from it (contract version 3)
         dev = backend.device
         dtype = torch_dtype(manifest.dtype)
@@ -360,7 +411,9 @@ class Generator:
         if not self.fused:
             inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, slot * self.tplan.stride),
                               strict=True))
+        t0 = time.perf_counter()
         self.backend.run(self.tgraph, inputs, outputs)
+        self._t_target += time.perf_counter() - t0
 
     def _embed(self, rows: int) -> None:
         """``dembeds`` rows [0, rows) = the embedding rows of the tokens in ``_ids`` (host buffers: through numpy)."""
@@ -374,7 +427,9 @@ class Generator:
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
         inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        t0 = time.perf_counter()
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
+        self._t_draft += time.perf_counter() - t0
 
     def _run_tree(self, a: int, n: int, past: int, k: int, depth: int, base: int = 0) -> None:
         """The draft tree graph of top_k ``k``, cut to ``depth`` levels, over the context rows in ``_ids`` [a, n]
@@ -386,7 +441,9 @@ class Generator:
         inputs = fixed.copy()
         inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
         inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        t0 = time.perf_counter()
         self.backend.run(C.tree_call(k, depth), inputs, outputs)
+        self._t_draft += time.perf_counter() - t0
 
     def tree_graph_fits(self, top_k: int, depth: int) -> bool:
         """Does a round of this tree draft in one call (a draft tree graph for its top_k, at least its depth)? Else
@@ -429,7 +486,10 @@ class Generator:
               rng: np.random.Generator | None = None, on_round=None) -> Request:
         """One generation's settings, checked (GenerationError naming the problem), as a ``Request``."""
         check_max_new(max_new_tokens)
-        tuned = use_draft and tree is None and self.m.batch_trees is not None
+        table = self.m.batch_trees
+        tuned = use_draft and tree is None and table is not None
+        if tuned and not any(r.tree is not None for r in table.rows if r.active <= self.B):
+            tuned = use_draft = False  # the artifact's default is no draft at every batch size this runtime reaches
         if use_draft:
             tree = tree or self.m.tree_defaults
             for t in (tree, *(self.m.batch_trees.trees() if tuned else ())):
@@ -457,7 +517,10 @@ class Generator:
         if ids.size > self.capacity:
             raise GenerationError(f"the prompt has {ids.size} tokens, more than the artifact's capacity "
                                   f"(--max-seq-len) of {self.capacity}")
-        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng, on_round=on_round, tuned=tuned)
+        # A traced request (on_round) drafts every round, so that its rounds compare with the oracle's.
+        guard = self.guard if tree is not None and on_round is None else None
+        return Request(ids, max_new_tokens, tree, stop_on_eos, sampling, rng, on_round=on_round, tuned=tuned,
+                       guard=guard)
 
     @property
     def free(self) -> int:
@@ -471,13 +534,15 @@ class Generator:
         n = len(req.prompt)
         stats = GenerationStats()
         s = Slot(req, StopRule(req.max_new_tokens, self.capacity - n, self.eos if req.stop_on_eos else None),
-                 stats, sink, t_join=time.perf_counter())
+                 stats, sink, t_join=time.perf_counter(), prior=self.costs.prior(req.tree) if req.guard else None)
         if s.stop.room <= 0:
             sink.finish(GenerationResult([], "capacity", stats, n))
             return None
         j = len(self.active)
         if req.tree is not None:
             s.grower = self._take_grower(req.tree)
+        if s.guard is not None:  # a runtime whose earlier requests on this tree lost starts it with plain rounds
+            s.guard.start(self._cost_ratio(len(self.active) + 1, req.tree, n))
         self._fit(self.active + [s], extra={id(s): n})
         try:
             self._prefill(s, j)
@@ -529,8 +594,10 @@ class Generator:
                 self._ids.array[:c] = nxt
                 self._pos.array[:c] = self._arange[:c] + st
                 self._causal(c, st)
-                tree = last and self._tree_fits(s)
-                if tree:  # the last chunk's context pass grows the first round's tree in the same call
+                # the last chunk's context pass grows the first round's tree in the same call (not for a request the
+                # guard starts with plain rounds: its draft needs the context rows only)
+                tree = last and self._tree_fits(s) and not (s.guard is not None and s.guard.mode == PLAIN)
+                if tree:
                     self._last_row.array[0] = c - 1
                     self._run_tree(1, c, st, s.k, s.depth, base_d)
                 else:
@@ -593,30 +660,90 @@ class Generator:
         slots = self.active
         if not slots:
             return []
-        if tuned is not KEEP:
-            for s in slots:
-                if s.req.tuned and s.tree != tuned:
-                    self._set_tree(s, tuned)
+        t0 = time.perf_counter()
+        self._t_draft = self._t_target = 0.0
+        for s in slots:
+            if s.req.tuned and tuned is not KEEP:
+                s.base = tuned
+            # The guard may make a drafting request's round plain (its mode, decided after its last round).
+            s.guarded = s.guard is not None and s.base is not None
+            want = None if s.guarded and s.guard.mode == PLAIN else s.base
+            if s.tree != want:
+                self._set_tree(s, want)
+            s.leaving = False
         self._fit(slots)
         if any(s.lag and s.grower is not None for s in slots):  # drafting again: the draft cache catches up first
-            self._draft_lag(slots, lambda s: s.grower is not None)
+            self._draft_lag(slots, lambda s: s.grower is not None, grow=True)
         drafting = [s for s in slots if s.grower is not None and not s.ready]
         if drafting:
             self._grow_tree(slots, drafting)
         for s in slots:
             if s.grower is not None:
-                s.vt = s.grower.select(s.tree.total_tokens, s.root)
+                s.vt = s.grower.select(s.tree.total_tokens, s.root, s.tree.threshold)
                 s.ready = False
+        spec = [s.grower is not None for s in slots]
         tt = self._verify(slots)
         for b, s in enumerate(slots):
             try:
                 self._accept_and_commit(s, b, tt)
             except Exception as e:  # noqa: BLE001 - this request fails alone (its logits, its settings)
                 s.error, s.tokens = e, []
+        if self.guard is not None:
+            self._judge(slots, spec)
         self._draft_context(slots, tt)
-        if any(s.grower is None and s.req.tree is not None for s in slots):
+        if any(s.req.tree is not None and (s.grower is None or s.leaving) for s in slots):
             self._keep_lag(slots, tt)
+        self._account(slots, spec, time.perf_counter() - t0)
         return self._retire()
+
+    def _judge(self, slots: list[Slot], spec: list[bool]) -> None:
+        """The guard's verdict for every guarded slot that goes on: its next round's mode, from what this round
+        committed and what a speculative round costs (``RoundCosts``). A slot that stops speculating skips this
+        round's tree growth: its tokens go to the lag rows instead (``_keep_lag``)."""
+        a = len(slots)
+        rows = max(s.L for s in slots)
+        for b, s in enumerate(slots):
+            if not s.guarded or s.reason is not None or s.error is not None:
+                continue
+            before = s.guard.switches
+            if spec[b]:
+                self.costs.note_tau(s.base, len(s.tokens))
+            # a plain round only counts down (or ends a calibration): no cost figure needed
+            ratio = self._cost_ratio(a, s.base, rows) if spec[b] else None
+            nxt = s.guard.after(SPEC if spec[b] else PLAIN, len(s.tokens), ratio)
+            s.stats.guard_switches += s.guard.switches - before
+            s.leaving = spec[b] and nxt == PLAIN
+
+    def _cost_ratio(self, active: int, tree: TreeParams, rows: int) -> float | None:
+        """A speculative round's cost in plain rounds, as the guard reads it (None: no fresh plain figure)."""
+        if self.guard.cost_ratio is not None:
+            return self.guard.cost_ratio
+        if self.costs.stale(active, rows):
+            return None
+        return self.costs.ratio(active, tree)
+
+    def _account(self, slots: list[Slot], spec: list[bool], wall: float) -> None:
+        """The round's figures into every slot's stats (a batched round's graph and host time counts for each of its
+        sequences) and its wall time into ``costs``, keyed by its drafting sequences' tree (None: none drafted)."""
+        draft, target = self._t_draft, self._t_target
+        host = max(wall - draft - target, 0.0)
+        for b, s in enumerate(slots):
+            st = s.stats
+            st.spec_flags.append(spec[b])
+            if spec[b]:
+                n = s.vt.num_nodes
+                st.spec_rounds += 1
+                st.drafted_tokens += n - 1
+                st.verified_tokens += n
+            else:
+                st.plain_rounds += 1
+                st.verified_tokens += 1
+            st.draft_s += draft
+            st.target_s += target
+            st.host_s += host
+        trees = {s.tree for s, sp in zip(slots, spec, strict=True) if sp}
+        key = None if not trees else trees.pop() if len(trees) == 1 else MIXED
+        self.costs.record(len(slots), key, wall, max(s.L for s in slots))
 
     def _grow_tree(self, slots: list[Slot], drafting: list[Slot]) -> None:
         """Every drafting slot's tree, level by level: one draft call per level feeds every slot's frontier (a
@@ -750,7 +877,7 @@ class Generator:
         return tt
 
     def _accept_and_commit(self, s: Slot, b: int, tt: int) -> None:
-        """Slot b's accepted path (greedy, or recursive rejection with its own random source), its K/V rows into
+        """Slot b's accepted path (greedy, or sampled with its own random source), its K/V rows into
         the target cache after its committed rows, and its new tokens through its stop rule to its sink."""
         r0 = b * tt
         if s.grower is None:
@@ -817,7 +944,7 @@ class Generator:
     def _draft_context(self, slots: list[Slot], tt: int) -> None:
         """Draft context for every continuing drafting slot: (feature of root/accepted node, next token)."""
         a = len(slots)
-        go = [s.grower is not None and s.reason is None and s.error is None for s in slots]
+        go = [s.grower is not None and not s.leaving and s.reason is None and s.error is None for s in slots]
         widths = [len(s.tokens) if g else 0 for s, g in zip(slots, go, strict=True)]
         mm = max(widths)
         stride = self.dplan.stride
@@ -918,22 +1045,37 @@ class Generator:
     def _keep_lag(self, slots: list[Slot], tt: int) -> None:
         """After a round: a continuing sequence that can draft but had no draft this round keeps its root's target
         feature and its new token for the draft's context pass (``_draft_lag``), run when it drafts again or
-        when its lag rows are full."""
+        when its lag rows are nearly full; one the guard has just turned plain (``Slot.leaving``) keeps its accepted
+        path's features and tokens the same way, as its context pass would have fed them."""
         P = self._lag_rows
         for b, s in enumerate(slots):
-            if s.grower is None and s.req.tree is not None and s.reason is None and s.error is None:
-                self._gather("lagfeats", b * P + len(s.lag), "tfeats", self._arange[b * tt:b * tt + 1])
-                s.lag.append(s.tokens[0])
-        self._draft_lag(slots, lambda s: len(s.lag) >= P and s.reason is None and s.error is None)
+            if s.req.tree is not None and (s.grower is None or s.leaving) and s.reason is None and s.error is None:
+                rows = s.acc.indices + b * tt if s.leaving else self._arange[b * tt:b * tt + 1]
+                self._gather("lagfeats", b * P + len(s.lag), "tfeats", rows)
+                s.lag.extend(s.tokens)
+        # A round adds at most max_context_rows tokens: flush while the next round's still fit. A guarded slot in plain
+        # rounds also flushes every shadow_every tokens, and the flush tells its guard how the draft did on them.
+        room = P - self.m.tree_limits.max_context_rows
 
-    def _draft_lag(self, slots: list[Slot], due) -> None:
+        def due(s: Slot) -> bool:
+            if s.reason is not None or s.error is not None:
+                return False
+            return len(s.lag) > room or (s.guard is not None and s.guard.shadow_due(len(s.lag)))
+        self._draft_lag(slots, due)
+
+    def _draft_lag(self, slots: list[Slot], due, grow: bool = False) -> None:
         """The draft's context pass over the lagging tokens of the slots ``due`` selects, in one call (as
-        ``_draft_context`` over a round's accepted tokens): their draft cache rows, then their context row."""
+        ``_draft_context`` over a round's accepted tokens): their draft cache rows, then their context row. grow:
+        those slots draft this round: where the draft tree graph can grow all their trees, the same call grows
+        them (one call, as after a speculative round)."""
         widths = [len(s.lag) if s.lag and due(s) else 0 for s in slots]
         mm = max(widths)
         if not mm:
             return
         a, P, stride = len(slots), self._lag_rows, self.dplan.stride
+        drafting = [s for s, m in zip(slots, widths, strict=True) if m]
+        tree = (grow and bool(self.tree_depths) and all(self._tree_fits(s) for s in drafting)
+                and len({s.k for s in drafting}) <= 1)
         past = slots[0].L - widths[0] if a == 1 else stride
         mask = self._mask.take((a, mm, past + mm))
         if a > 1:
@@ -949,14 +1091,32 @@ class Generator:
                 used += L0
             self._context_rows(ids, pos, mask, b, m, mm, past, L0, s.lag, s.L)
         self.padding.add(a * past, used)
-        self._run_draft(a, mm, mm, past)
+        if tree:
+            self._last_row.array[:a] = [max(m - 1, 0) for m in widths]
+            self._run_tree(a, mm, past, drafting[0].k, max(s.depth for s in drafting))
+        else:
+            self._run_draft(a, mm, mm, past)
         for b, s in enumerate(slots):
             m = widths[b]
             if m:
                 self.dcache.write(b * stride + s.L - m, m, src=b * mm)
                 self._note_draft_positions(s, s.L - 1)
-                self._keep_context_row(b, b * mm + m - 1)
+                if tree:
+                    self._load_tree(s, b, s.L)
+                else:
+                    self._keep_context_row(b, b * mm + m - 1)
+                    if s.guard is not None and s.guard.mode == PLAIN and s.base is not None and m > 1:
+                        self._shadow(s, b * mm, a)
                 s.lag.clear()
+
+    def _shadow(self, s: Slot, r0: int, active: int) -> None:
+        """A guarded slot in plain rounds: the lag's context pass just predicted, at each of its rows, the token after
+        the next (its top-k ids, rows [r0, r0 + m)); how often the base tree's top_k held the real one (the next lag
+        token) is the draft's depth-1 acceptance on these tokens, which the guard reads (``Guard.shadow``)."""
+        lag, k = s.lag, s.base.top_k
+        ids = self._rows_np("dids", r0, r0 + len(lag) - 1)[:, :k]
+        hits = sum(int(t in row) for t, row in zip(lag[1:], ids.tolist(), strict=True))
+        s.guard.shadow(hits, len(lag) - 1, s.base.depth, self._cost_ratio(active, s.base, s.L))
 
     def _finish(self, s: Slot, reason: str) -> None:
         s.stats.decode_s = time.perf_counter() - s.t_join - s.stats.prefill_s

@@ -29,16 +29,18 @@ What it computes, per round (names as in docs/runtime.md):
    (EAGLE-1/2 puts those hiddens through fc like features; EAGLE-3 feeds them without fc). The
    node's hidden is the last row of that forward. Children: its top-k log-probs, scored by the
    cumulative path log-prob. The best ``top_k`` children of a level form the next frontier; the
-   ``total_tokens`` best nodes of all levels form the verify tree, in generation order. Ties are
-   broken by generation order (as the runtime documents).
+   ``total_tokens`` best nodes of all levels form the verify tree, in generation order, less those
+   whose path probability ``exp(score)`` is below the tree's ``threshold``. Ties are broken by
+   generation order (as the runtime documents).
 4. Acceptance: from the root, run the target on sequence + path and step to the child whose
    token is the target's argmax; stop when none is. The argmax there is the bonus token.
 
 Each round also records two margins: the smallest gap between two values whose order decided
 something this round, on the draft side (adjacent top-k log-probs, adjacent scores at the
-frontier cut, the scores at the selection cut) and on the target side (the target's top-2 logits
-along the walk). A disagreement with another implementation in a round whose margin is below the
-numeric noise of the comparison is a tie, not a bug.
+frontier cut, the scores at the selection cut and their distance to the threshold) and on the
+target side (the target's top-2 logits along the walk). A disagreement with another
+implementation in a round whose margin is below the numeric noise of the comparison is a tie,
+not a bug.
 """
 
 from __future__ import annotations
@@ -281,7 +283,12 @@ class EagleOracle:
 
         ranked = sorted(range(len(nodes)), key=lambda c: (-nodes[c].score, c))
         draft_margin = min(draft_margin, _gaps([nodes[c].score for c in ranked][tree.total_tokens - 1:], 1))
-        chosen = sorted(ranked[: tree.total_tokens])
+        chosen = ranked[: tree.total_tokens]
+        if tree.threshold > 0:  # only nodes whose path probability reaches the threshold: a score of log(threshold)
+            floor = math.log(tree.threshold)
+            draft_margin = min(draft_margin, *(abs(nodes[c].score - floor) for c in chosen))
+            chosen = [c for c in chosen if nodes[c].score >= floor]
+        chosen = sorted(chosen)
         tree_index = {c: i + 1 for i, c in enumerate(chosen)}
         tokens = [seq[-1]] + [nodes[c].token for c in chosen]
         parents = [-1] + [0 if nodes[c].parent < 0 else tree_index[nodes[c].parent] for c in chosen]

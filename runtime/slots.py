@@ -127,6 +127,9 @@ class Request:
     # The tree came from the artifact (no explicit tree): rounds follow its per-batch table (manifest batch_trees)
     # where it has one; ``tree`` is then the default tree the request starts from.
     tuned: bool = False
+    # The speculation guard's settings (runtime/guard.py) for a request that drafts; None: every round drafts (the
+    # runtime was opened with guard=False, or the request traces its rounds with on_round).
+    guard: object | None = None
 
 
 def check_max_new(max_new_tokens) -> int:

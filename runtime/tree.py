@@ -4,11 +4,13 @@ Policy follows the reference (SafeAILab EAGLE ``topK_genrate``): every frontier 
 ``top_k`` children scored by cumulative log-prob, the best ``top_k`` children form the next
 frontier, and the ``total_tokens`` best nodes over everything generated become the verify tree
 in generation order. Ties are broken by candidate index (generation order) so results are
-deterministic; the reference's ``torch.topk`` leaves them unspecified.
+deterministic; the reference's ``torch.topk`` leaves them unspecified. A tree's ``threshold`` narrows the
+selection to the candidates whose cumulative draft probability reaches it (``TreeGrower.select``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -285,15 +287,26 @@ class TreeGrower:
         self._parent.extend(parents[:n].tolist())
         self._level.extend(self._levels)
 
-    def select(self, total_tokens: int, root_token: int) -> VerifyTree:
-        """The total_tokens best candidates in generation order, under the root (tree index 0)."""
+    def select(self, total_tokens: int, root_token: int, threshold: float = 0.0) -> VerifyTree:
+        """The total_tokens best candidates in generation order, under the root (tree index 0).
+
+        threshold: only candidates whose path probability ``exp(score)`` is at least this are eligible (0: all), so
+        an unsure draft gets a narrower verify, down to the root alone. A parent scores at least as high as its
+        children (log-probs <= 0, and adding one never rounds up), so the eligible set, and the best total_tokens of
+        it, stay a connected tree."""
         count = len(self._scores)
         if not 1 <= total_tokens <= count:
             raise ValueError(f"total_tokens={total_tokens} outside 1..{count} generated candidates")
-        if total_tokens == count:
+        sc = self._scores
+        if threshold > 0:
+            floor = math.log(threshold)
+            chosen = [c for c in range(count) if sc[c] >= floor]
+            if len(chosen) > total_tokens:
+                chosen = sorted(sorted(chosen, key=sc.__getitem__, reverse=True)[:total_tokens])
+        elif total_tokens == count:
             chosen = range(count)
         else:
-            chosen = sorted(sorted(range(count), key=self._scores.__getitem__, reverse=True)[:total_tokens])
+            chosen = sorted(sorted(range(count), key=sc.__getitem__, reverse=True)[:total_tokens])
         tree_of = {c: i for i, c in enumerate(chosen, start=1)}
         tree_of[-1] = 0  # the root
         cand_parent, cand_token = self._parent, self._tokens

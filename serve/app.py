@@ -121,7 +121,9 @@ def build_app(engine: ServeEngine, api_key: str | None = None) -> FastAPI:
         return {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "eagle-export",
                 "eagle": {"variant": man.variant, "capacity": engine.capacity, "max_batch": engine.rt.max_batch,
                           "vocab_size": man.target.vocab_size, "has_tokenizer": engine.rt.tokenizer is not None,
-                          "tree_defaults": man.tree_defaults.to_dict(), "max_prompt_tokens": engine.max_prompt_tokens}}
+                          "tree_defaults": man.tree_defaults.to_dict(),
+                          "default_tree": None if (d := man.default_tree(engine.rt.max_batch)) is None else d.to_dict(),
+                          "max_prompt_tokens": engine.max_prompt_tokens}}
 
     @app.get("/v1/models")
     async def models():
@@ -215,7 +217,7 @@ def _start(engine: ServeEngine, body, chat: bool, endpoint: str, t0: float):
             ids = engine.prompt_ids(body.prompt)
         no_draft = opts is not None and opts.no_draft
         tree = None if no_draft else engine.tree(
-            *((opts.top_k, opts.depth, opts.total_tokens) if opts is not None else (None, None, None)))
+            *((opts.top_k, opts.depth, opts.total_tokens, opts.threshold) if opts is not None else (None,) * 4))
         max_new = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
         if max_new is None:
             max_new = max(engine.capacity - len(ids), 1) if chat else 16
@@ -396,17 +398,31 @@ def _usage(job, choices: list[ChoiceText]) -> dict:
             "total_tokens": job.prompt_tokens + completion}
 
 
+SUMMED = ("spec_rounds", "plain_rounds", "drafted_tokens", "accepted_tokens", "verified_tokens", "draft_s",
+          "target_s", "host_s", "guard_switches")  # the speculation metrics the extension adds up over the choices
+
+
 def _eagle(job, choices: list[ChoiceText]) -> dict:
-    """The EAGLE extension: tau over all choices, and per choice its accepted lengths, rounds and seed."""
+    """The EAGLE extension: tau over all choices and their speculation metrics added up, and per choice its accepted
+    lengths, rounds, seed and speculation metrics (``GenerationStats.speculation``)."""
     per = []
     rounds = committed = 0
+    total = dict.fromkeys(SUMMED, 0)
     for c, seed in zip(choices, job.seeds, strict=True):
         s = c.result.stats if c.result is not None else None
         acc = list(s.accept_lengths) if s is not None else []
         r = s.rounds if s is not None else 0
         rounds += r
         committed += r + sum(acc)
+        spec = s.speculation() if s is not None else None
+        if spec is not None:
+            for k in SUMMED:
+                total[k] += spec[k]
         per.append({"rounds": r, "accept_lengths": acc, "tau": (r + sum(acc)) / r if r else None, "seed": seed,
-                    "runtime_finish_reason": c.result.finish_reason if c.result is not None else None})
+                    "runtime_finish_reason": c.result.finish_reason if c.result is not None else None,
+                    "speculation": spec})
+    done = total["spec_rounds"] + total["plain_rounds"]
+    total["spec_share"] = total["spec_rounds"] / done if done else None
+    total["acceptance_rate"] = total["accepted_tokens"] / total["drafted_tokens"] if total["drafted_tokens"] else None
     return {"tau": committed / rounds if rounds else None, "tree": job.tree.to_dict() if job.tree else None,
-            "choices": per}
+            "speculation": total, "choices": per}

@@ -22,7 +22,7 @@ from pathlib import Path
 from eagle_export.errors import GenerationError
 from eagle_export.runtime import EagleRuntime
 from eagle_export.runtime.sampling import SamplingParams
-from eagle_export.tree_params import TreeParams
+from eagle_export.tree_params import TreeParams, tree_over_defaults
 
 from .metrics import ServerMetrics
 
@@ -56,6 +56,7 @@ class ServeOptions:
     body_timeout_s: float = 30.0  # its body within this, from the end of its head (408)
     replica_header: bool = False  # name the replica (host:pid) in x-eagle-replica and /health
     replica_label: str | None = None  # a `replica` label on every metric (Ray Serve: the replica's id)
+    guard: bool = True  # the speculation guard (docs/runtime.md); serve --no-guard drafts every round
 
     @property
     def drain_s(self) -> float:
@@ -105,7 +106,8 @@ class ServeEngine:
         from eagle_export.manifest import load_manifest
 
         max_batch = opts.max_batch if opts.max_batch is not None else load_manifest(opts.artifact).max_batch
-        rt = EagleRuntime.open(opts.artifact, backend=opts.backend, threads=opts.threads, max_batch=max_batch)
+        rt = EagleRuntime.open(opts.artifact, backend=opts.backend, threads=opts.threads, max_batch=max_batch,
+                               guard=opts.guard)
         return cls(rt, opts)
 
     def close(self) -> None:
@@ -145,14 +147,14 @@ class ServeEngine:
                                 f"{self.max_prompt_tokens} (capacity {self.capacity} = prompt + generated tokens)")
         return ids
 
-    def tree(self, top_k: int | None, depth: int | None, total_tokens: int | None) -> TreeParams | None:
-        """The request's tree: its fields over tree_defaults; None when it gives none and the artifact has a
-        per-batch table (manifest batch_trees): the scheduler then picks each round's tree from the batch size."""
-        d = self.rt.manifest.tree_defaults
-        if (top_k, depth, total_tokens) == (None, None, None) and self.rt.manifest.batch_trees is not None:
+    def tree(self, top_k: int | None, depth: int | None, total_tokens: int | None,
+             threshold: float | None = None) -> TreeParams | None:
+        """The request's tree: its fields over tree_defaults; None when it gives none: the artifact's default
+        decoding (tree_defaults, or each round's tree from its per-batch table, manifest batch_trees, which may say no
+        draft)."""
+        if (top_k, depth, total_tokens, threshold) == (None, None, None, None):
             return None
-        t = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
-                       total_tokens if total_tokens is not None else d.total_tokens)
+        t = tree_over_defaults(self.rt.manifest.tree_defaults, top_k, depth, total_tokens, threshold)
         return t.validate(self.rt.manifest.tree_limits)
 
     # ---- admission and submission -------------------------------------------------------------
@@ -196,7 +198,7 @@ class ServeEngine:
                 self._in_flight -= n
             self._gauges()
             raise
-        shown = (tree or self.rt.manifest.tree_defaults) if use_draft else None  # as tuned: the default's
+        shown = (tree or self.rt.manifest.default_tree(self.rt.max_batch)) if use_draft else None  # None: no draft
         job = Job(streams, len(ids), asyncio.Queue(), seeds, shown, per_round, endpoint,
                   t0 if t0 is not None else time.perf_counter())
         loop = asyncio.get_running_loop()

@@ -52,6 +52,7 @@ class EagleOptions(_Strict):
     top_k: Annotated[StrictInt, Field(ge=1)] | None = None
     depth: Annotated[StrictInt, Field(ge=0)] | None = None
     total_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    threshold: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1)] | None = None
     no_draft: StrictBool = False
     ignore_eos: StrictBool = False
 

@@ -61,8 +61,8 @@ MODELS = [
 @pytest.mark.parametrize("preset, kw", MODELS)
 def test_batched_greedy_equals_transformers_generate(models, preset, kw):
     target, _, art = models(preset, max_batch=B, **kw)
-    rt = EagleRuntime.open(art, threads=1, max_batch=B)
-    single = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False, max_batch=B)
+    single = EagleRuntime.open(art, threads=1, guard=False)
     ref = GreedyReference(target)
     reqs = requests(rt.manifest.target.vocab_size)
     cmp = Comparison()
@@ -88,8 +88,8 @@ def test_batched_fp16_equals_single_sequence(models, preset, kw):
     """fp16 graphs: each sequence of a batch (mixed trees and --no-draft) equals the same request run alone on the
     single-sequence runtime, token for token: padding rows and masked regions change nothing."""
     _, _, art = models(preset, dtype="fp16", max_batch=B, **kw)
-    single = EagleRuntime.open(art, threads=1)
-    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    single = EagleRuntime.open(art, threads=1, guard=False)
+    rt = EagleRuntime.open(art, threads=1, guard=False, max_batch=B)
     reqs = requests(single.manifest.target.vocab_size, seed=1)
     kws = [dict(tree=TREES[i % 3]) if i % 4 != 3 else dict(use_draft=False) for i in range(len(reqs))]
     streams = [rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw)
@@ -107,8 +107,8 @@ def test_sampling_does_not_depend_on_the_batch(models):
     """A seeded sampled request gives the same tokens alone and in a full batch of other (greedy and sampled)
     requests, and the same as on the single-sequence runtime."""
     _, _, art = models("mha", max_batch=B)
-    rt = EagleRuntime.open(art, threads=1, max_batch=B)
-    single = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False, max_batch=B)
+    single = EagleRuntime.open(art, threads=1, guard=False)
     prompt, sp = [5, 9, 13, 2, 7], SamplingParams(temperature=0.9, top_p=0.95, seed=7)
     kw = dict(prompt_ids=prompt, max_new_tokens=40, stop_on_eos=False, tree=TREES[0], sampling=sp)
     alone = rt.submit(**kw).wait(timeout=300).tokens
@@ -129,8 +129,8 @@ def test_bad_request_fails_alone_and_threads_submit(models):
     """Requests submitted from several threads, one of them with an id outside the vocabulary: that stream raises
     a GenerationError, every other one gets its single-sequence tokens."""
     _, _, art = models("mha", max_batch=B)
-    rt = EagleRuntime.open(art, threads=1, max_batch=B)
-    single = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False, max_batch=B)
+    single = EagleRuntime.open(art, threads=1, guard=False)
     reqs = requests(single.manifest.target.vocab_size, count=6, seed=2)
     want = [single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False).tokens for p, n in reqs]
     got: dict[int, list[int]] = {}
@@ -176,8 +176,8 @@ def test_sequences_reaching_the_capacity_in_a_batch(tmp_path):
 
     art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
                           ExportOptions(max_seq_len=64, tree=fixture_tree("eagle1"), max_batch=B), progress=False)
-    single = EagleRuntime.open(art, threads=1)
-    rt = EagleRuntime.open(art, threads=1, max_batch=B)
+    single = EagleRuntime.open(art, threads=1, guard=False)
+    rt = EagleRuntime.open(art, threads=1, guard=False, max_batch=B)
     assert rt.generator.tplan.rows_per_slot == 63
     prompts = [single.encode(spec.text) for spec in read_prompts(FIXTURE / "prompts.jsonl")]
     streams = [rt.submit(prompt_ids=p, max_new_tokens=64, stop_on_eos=False) for p in prompts]
@@ -257,7 +257,7 @@ def rss():
 
 b = int(sys.argv[2])
 before = rss()
-rt = EagleRuntime.open(sys.argv[1], threads=1, max_batch=b)
+rt = EagleRuntime.open(sys.argv[1], threads=1, guard=False, max_batch=b)
 streams = [rt.submit(prompt_ids=list(range(3, 23 + 5 * i)), max_new_tokens=24, stop_on_eos=False) for i in range(b)]
 for s in streams:
     s.wait(timeout=300)
@@ -343,7 +343,7 @@ def test_batched_calls_fit_the_engines_profiles(models, tmp_path):
 def test_run_takes_the_callers_random_source(models):
     """Generator.run(rng=...) samples from the caller's source: the same draws as the seed it was made from."""
     _, _, art = models("mha")
-    rt = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False)
     sp = SamplingParams(temperature=1.0, seed=11)
     want = rt.generate(prompt_ids=[4, 8, 15], max_new_tokens=24, stop_on_eos=False, sampling=sp).tokens
     got = [t for c in rt.generator.run([4, 8, 15], 24, stop_on_eos=False, sampling=sp.with_seed(None),
@@ -370,7 +370,7 @@ def test_batched_on_the_emulated_tensorrt_backend(models, tmp_path):
     rt = EagleRuntime(art, load_manifest(art), be, None, min(16, be.max_prefill), max_batch=B)
     # The graph TensorRT runs, the standard one: the fused graph's float32 results differ by ~1e-6, which flips
     # the near-ties a random tiny model has on some CPUs (seen on an AVX-512 Xeon: logits 2.4472942 vs 2.4472947).
-    single = EagleRuntime.open(art, threads=1, fused=False)
+    single = EagleRuntime.open(art, threads=1, guard=False, fused=False)
     rng = np.random.default_rng(4)
     reqs = [(rng.integers(3, 48, size=int(rng.integers(1, 30))).tolist(), int(rng.integers(4, 30))) for _ in range(7)]
     tree = TreeParams(top_k=4, depth=3, total_tokens=12)

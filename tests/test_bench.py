@@ -50,10 +50,12 @@ def ids_file(tmp_path_factory):
 
 
 def test_bench_json_fields_and_ranges(gqa, ids_file):
-    out = bench_json(gqa, "--prompts", ids_file, "--max-new-tokens", 16)
+    out = bench_json(gqa, "--prompts", ids_file, "--max-new-tokens", 16, "--no-guard")  # every round drafts
     agg = out["aggregate"]
     assert {"tau", "speedup", "tokens_per_s", "n_alpha", "time_split", "peak_rss_mb", "lossless", "prompts",
-            "max_new_tokens", "tree"} <= set(agg)
+            "max_new_tokens", "tree", "mode_share", "spec_tau", "default", "guard"} <= set(agg)
+    assert agg["mode_share"] == {"spec": 1.0, "plain": 0.0} and agg["spec_tau"] == agg["tau"]
+    assert agg["default"] is True and agg["guard"] is False
     assert agg["lossless"] is True
     assert agg["prompts"] == 2 and agg["max_new_tokens"] == 16
     assert agg["tree"] == {"top_k": 4, "depth": 3, "total_tokens": 12}
@@ -90,7 +92,7 @@ def test_bench_on_the_trained_fixture_reports_its_acceptance(trained, tmp_path):
     head (or drafting from the wrong features) gives tau ~1.0; the card reports 4.05 on the whole prompt set."""
     p = tmp_path / "three.jsonl"
     p.write_text("".join((FIXTURE / "prompts.jsonl").read_text().splitlines(keepends=True)[:3]))
-    out = bench_json(trained("eagle1"), "--prompts", p, "--max-new-tokens", 32)
+    out = bench_json(trained("eagle1"), "--prompts", p, "--max-new-tokens", 32, "--no-guard")
     agg = out["aggregate"]
     print(f"\nfixture eagle1, {agg['prompts']} prompts x 32 tokens: tau {agg['tau']:.2f}, n-alpha {agg['n_alpha']}")
     assert agg["lossless"] is True
@@ -258,8 +260,8 @@ def test_bench_stop_at_eos_and_the_reference_tau(bigram, tmp_path):
     starts = _starts(cycle)
     p = tmp_path / "starts.jsonl"
     p.write_text("".join(json.dumps({"prompt_ids": [cycle[s]]}) + "\n" for s in starts))
-    stopped = bench_json(art, "--prompts", p, "--max-new-tokens", 40, "--stop-at-eos")
-    ignored = bench_json(art, "--prompts", p, "--max-new-tokens", 40)
+    stopped = bench_json(art, "--prompts", p, "--max-new-tokens", 40, "--stop-at-eos", "--no-guard")
+    ignored = bench_json(art, "--prompts", p, "--max-new-tokens", 40, "--no-guard")
     assert stopped["aggregate"]["stop_on_eos"] is True and ignored["aggregate"]["stop_on_eos"] is False
     for k, row, full in zip((3, 7), stopped["prompts"], ignored["prompts"], strict=True):
         assert row["new_tokens"] == k + 1 and full["new_tokens"] == 40  # the EOS is the (k+1)-th token

@@ -45,8 +45,9 @@ def small(models) -> Path:
 
 def test_generate_json(tiny):
     # A prompt on which the random head gets some draft tokens accepted, so tau is not trivially 1.
-    out = gen(tiny[2], "--prompt-ids", ids(P12), "--max-new-tokens", 24, "--ignore-eos")
-    assert {"tokens", "text", "finish_reason", "stats", "prompt_tokens", "mode", "tree"} <= set(out)
+    out = gen(tiny[2], "--prompt-ids", ids(P12), "--max-new-tokens", 24, "--ignore-eos", "--no-guard")
+    assert {"tokens", "text", "finish_reason", "stats", "prompt_tokens", "mode", "tree", "default", "guard"} <= set(out)
+    assert out["default"] is True and out["guard"] is False
     assert out["finish_reason"] == "length"
     assert len(out["tokens"]) == 24
     assert out["prompt_tokens"] == 12
@@ -59,6 +60,11 @@ def test_generate_json(tiny):
     assert sum(acc) > 0 and s["tau"] > 1.0
     # The prefill gives one token, each round its accepted tokens plus one (the last round may be cut).
     assert len(out["tokens"]) <= 1 + sum(acc) + rounds
+    # The speculation metrics: every round drafted a 12-node tree
+    assert (s["spec_rounds"], s["plain_rounds"], s["spec_share"]) == (rounds, 0, 1.0)
+    assert s["drafted_tokens"] == 12 * rounds and s["verified_tokens"] == 13 * rounds
+    assert s["accepted_tokens"] == sum(acc) and s["acceptance_rate"] == pytest.approx(sum(acc) / (12 * rounds))
+    assert s["draft_s"] > 0 and s["target_s"] > 0 and s["host_s"] >= 0 and s["guard_switches"] == 0
 
 
 def test_prompt_text_equals_prompt_ids(tiny):
@@ -270,7 +276,7 @@ def test_temperature_zero_is_greedy_cli(plain):
 def test_samples_are_independent_seeded_generations(plain, mode):
     args = ("--prompt-ids", ids(P12), "--max-new-tokens", 8, "--ignore-eos", *HOT, *mode)
     out = gen(plain, *args, "--seed", 40, "--samples", 4)
-    assert set(out) == {"mode", "tree", "sampling", "prompt_tokens", "samples"}
+    assert set(out) == {"mode", "tree", "default", "guard", "sampling", "prompt_tokens", "samples"}
     assert out["mode"] == ("no-draft" if mode else "eagle") and out["prompt_tokens"] == 12
     assert out["sampling"]["seed"] == 40
     assert [s["seed"] for s in out["samples"]] == [40, 41, 42, 43]

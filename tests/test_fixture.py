@@ -56,7 +56,7 @@ def reference():
 @pytest.mark.parametrize("head", HEADS)
 def test_trained_head_is_accepted_deep_and_output_stays_lossless(trained, reference, head):
     art = trained(head)
-    rt = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False)  # every round drafts: tau is the head's
     cmp = Comparison()
     accepted, rounds = 0, 0
     for spec in read_prompts(FIXTURE / "prompts.jsonl")[:4]:

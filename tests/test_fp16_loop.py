@@ -25,7 +25,7 @@ HEADS = [
 @pytest.mark.parametrize("preset, kw", HEADS)
 def test_fp16_loop_equals_transformers_up_to_fp16_ties(models, preset, kw):
     target, _, art = models(preset, dtype="fp16", **kw)
-    rt = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False)  # every round drafts
     assert rt.manifest.dtype == "float16"
     ref = GreedyReference(target)
     cmp = Comparison()

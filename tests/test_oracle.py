@@ -67,7 +67,9 @@ def traced(rt: EagleRuntime, prompt: list[int], n: int, tree: TreeParams):
 def cases(draw):
     k = draw(st.integers(1, 4))
     depth = draw(st.integers(0, 3))
-    tree = TreeParams(top_k=k, depth=depth, total_tokens=draw(st.integers(1, k + depth * k * k)))
+    # a verify-width threshold now and then (runtime/tree.py): the oracle applies the same rule
+    tree = TreeParams(top_k=k, depth=depth, total_tokens=draw(st.integers(1, k + depth * k * k)),
+                      threshold=draw(st.sampled_from([0.0, 0.0, 0.02, 0.1, 0.3])))
     model = draw(st.sampled_from(sorted(MODELS)))
     prompt = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=38))
     return model, tree, prompt, draw(st.integers(1, 14))
@@ -124,6 +126,23 @@ def test_rounds_with_acceptance(pairs):
                 accepted += sum(r.accepted for r in rounds)
     print(f"\n{accepted} draft tokens accepted")
     assert accepted >= 8, f"only {accepted} draft tokens accepted: the comparison barely exercised commits"
+
+
+def test_thresholded_rounds_equal_the_oracle(pairs):
+    """A verify-width threshold: the runtime's and the oracle's trees are cut by the same rule, so rounds still match
+    node for node, and the verify width varies from round to round (down to the root alone)."""
+    rng = np.random.default_rng(11)
+    widths: set[int] = set()
+    for name in ("mha", "gqa-2layers"):
+        rt, oracle, capacity = pairs[name]
+        for tree in (TreeParams(8, 3, 24, threshold=0.02), TreeParams(3, 2, 10, threshold=0.1)):
+            for _ in range(2):
+                prompt = rng.integers(3, VOCAB, int(rng.integers(2, 20))).tolist()
+                res, rounds = traced(rt, prompt, 16, tree)
+                cmp = compare_with_oracle(res.tokens, rounds, oracle.generate(prompt, 16, tree, capacity), TIE_GAP)
+                assert cmp.status in ("match", "tie"), f"{name} {tree}: {cmp.detail}"
+                widths |= {len(r.tree_tokens) for r in rounds}
+    assert len(widths) >= 4 and min(widths) < 5, widths
 
 
 @pytest.mark.parametrize("name", ["llama-d2t", "qwen3-d2t-ownembed"])

@@ -18,9 +18,11 @@ from eagle_export.cli import main
 from eagle_export.errors import CheckpointError
 from eagle_export.export.exporter import ExportOptions, export_artifact
 
+# contract 6: one draft tree graph per top_k up to the default tree's
 EXPORT_LINES = ["export: 1/7 steps (loading target)", "export: 2/7 steps (loading draft)",
                 "export: 3/7 steps (tracing target verify graph)", "export: 4/7 steps (tracing fused target graph)",
-                "export: 5/7 steps (tracing draft step graph)", "export: 6/7 steps (tracing draft tree graph)",
+                "export: 5/7 steps (tracing draft step graph)",
+                "export: 6/7 steps (tracing draft tree graphs (top_k 1, 2, 3, 4))",
                 "export: 7/7 steps (writing tokenizer and manifest)"]
 
 

@@ -63,12 +63,12 @@ def _check_entries(entries, tokens: list[int], ref: np.ndarray, top: int) -> Non
 
 
 def test_runtime_logprobs_are_the_targets_verify_distribution(pair, reference):
-    rt = EagleRuntime.open(pair[1], max_batch=2)
+    rt = EagleRuntime.open(pair[1], max_batch=2, guard=False)  # every round drafts: rounds of several rows
     try:
         prompts = [rt.encode(p) for p in ("def main():", "class A:", "import os")]
         cases = [  # (prompt, top N, use_draft, sampling): two at a time, so slot 1 reads rows past slot 0's
             (prompts[0], 3, True, None),
-            (prompts[1], 0, True, SamplingParams(0.8, 0.9, 0, 5)),  # raw distribution, not the processed one
+            (prompts[1], 0, True, SamplingParams(0.8, 0.9, 0, 14)),  # raw distribution, not the processed one
             (prompts[2], 2, False, None),  # plain decoding: the root's row each step
         ]
         streams = [rt.submit(prompt_ids=p, max_new_tokens=40, stop_on_eos=False, use_draft=d, sampling=sp,
@@ -86,7 +86,7 @@ def test_runtime_logprobs_are_the_targets_verify_distribution(pair, reference):
 
 @pytest.fixture(scope="module")
 def server(pair):
-    with LiveServer(ServeOptions(str(pair[1]), model_name=MODEL, max_queue=16, timeout_s=60)) as s:
+    with LiveServer(ServeOptions(str(pair[1]), model_name=MODEL, max_queue=16, timeout_s=60, guard=False)) as s:
         yield s
 
 

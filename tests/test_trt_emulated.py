@@ -225,7 +225,7 @@ def test_a_repeated_call_shape_sets_only_what_changed(engines):
     """Plans are cached per call shape and a context is given only the shapes and addresses that changed: the
     same generation again sets no address and reads no output shape, and sets only the input shapes that moved
     (the cache prefix grows every call)."""
-    rt = emulated_runtime(engines("fp32"))
+    rt = emulated_runtime(engines("fp32"), guard=False)  # the same rounds both times
     contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
 
     def counts():

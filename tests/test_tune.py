@@ -50,7 +50,9 @@ def tune_json(art, ids_file, *args, code: int = 0) -> dict:
 
 def test_tune_writes_the_winner(art, ids_file):
     before = json.loads((art / MANIFEST_NAME).read_text())
-    out = tune_json(art, ids_file, *GRID)
+    # a random head: no tree pays, so --min-speedup 0.01 for a winner that becomes the default (test_default_decoding
+    # covers the no-draft default); --thresholds 0: the grid and the refinement only
+    out = tune_json(art, ids_file, *GRID, "--min-speedup", 0.01, "--thresholds", 0)
     rows = out["settings"]
     assert out["written"] is True and out["lossless"] is True and out["ranked_by"] == "speedup"
     assert out["skipped"] == {"total_tokens > top_k + depth*top_k^2": 2}  # (1, 1, 4) and (1, 2, 4)
@@ -58,7 +60,7 @@ def test_tune_writes_the_winner(art, ids_file):
                   for r in rows if r["stage"] == "grid"}
     assert grid_trees == {(1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 4), (2, 2, 2), (2, 2, 4)}
     assert len(rows) == len({json.dumps(r["tree"], sort_keys=True) for r in rows})  # nothing measured twice
-    rt = EagleRuntime.open(art, threads=1)
+    rt = EagleRuntime.open(art, threads=1, guard=False)  # as tune measured: every round drafts
     confirmed = [r for r in rows if r["confirmed"]]
     assert rows[:3] == confirmed  # the best three measured twice more, ranked ahead of the rest
     dropped = [r for r in rows if r["dropped"]]
@@ -124,7 +126,8 @@ def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, mo
     monkeypatch.setattr(PairedSession, "measure", measure)
     # screen=False: every grid setting measured once on every prompt, so the ranking is the confirmation's alone
     report = T.tune(art, prompts=ids_file, max_new_tokens=4, top_k="1,2", depth="1,2", total_tokens="2,4",
-                    threads=1, refine=False, warmup=False, spin=None, confirm=3, screen=False)
+                    threads=1, refine=False, warmup=False, spin=None, confirm=3, screen=False,
+                    thresholds="0")  # no threshold stage: the ranking is the grid's and the confirmation's
     grid = T.Grid.parse("1,2", "1,2", "2,4").settings()
     grid = [t for t in grid if t.total_tokens <= t.max_candidates]
     assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A]  # the confirming passes interleaved, then reversed
@@ -160,7 +163,8 @@ def test_spin_stage_picks_the_fastest_policy_and_the_runtime_defaults_to_it(art,
 
 def test_tune_dry_run_and_table(art, ids_file):
     raw = (art / MANIFEST_NAME).read_bytes()
-    out = tune_json(art, ids_file, "--top-k", 2, "--depth", 1, "--total-tokens", "2,4", "--dry-run", "--no-refine")
+    out = tune_json(art, ids_file, "--top-k", 2, "--depth", 1, "--total-tokens", "2,4", "--dry-run", "--no-refine",
+                    "--thresholds", 0)
     assert out["written"] is False and out["refine"] is False
     assert [r["stage"] for r in out["settings"]] == ["grid", "grid"]
     assert (art / MANIFEST_NAME).read_bytes() == raw
@@ -224,7 +228,7 @@ def test_every_setting_runs_on_the_path_the_runtime_runs_it(art, ids_file):
                     "--no-screen", "--confirm", 0, "--spin", "run")
     paths = {(r["tree"]["top_k"], r["tree"]["depth"]): r["path"] for r in out["settings"]}
     assert paths == {(2, 1): T.TREE_PATH, (2, 3): T.TREE_PATH, (5, 1): T.STEP_PATH, (5, 3): T.STEP_PATH}
-    with PairedSession(art, prompts=ids_file, threads=1) as s:
+    with PairedSession(art, prompts=ids_file, threads=1, guard=False) as s:  # as tune runs it: every round drafts
         for tree in (TreeParams(2, 3, 4), TreeParams(5, 3, 4)):
             run = s.run(0, 6, tree, True)  # the proxy counts the decode's calls (after the prefill's token)
             calls, rounds = dict(s.proxy.calls), run.rounds

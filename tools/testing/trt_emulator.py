@@ -813,13 +813,13 @@ def emulated_backend(directory: str | Path, compute_capability: tuple[int, int] 
     return TrtEmulator(directory, load_manifest(directory), compute_capability).backend(**options)
 
 
-def emulated_runtime(directory: str | Path, prefill_chunk: int = 256, **options):
+def emulated_runtime(directory: str | Path, prefill_chunk: int = 256, guard=True, **options):
     """An ``EagleRuntime`` whose backend is the emulated ``TrtBackend`` (as ``EagleRuntime.open(backend=
-    "tensorrt")`` would build it on a GPU)."""
-    from eagle_export.runtime.api import EagleRuntime, _load_tokenizer
+    "tensorrt")`` would build it on a GPU). guard: as ``EagleRuntime.open``'s."""
+    from eagle_export.runtime.api import EagleRuntime, _load_tokenizer, guard_policy
 
     be = emulated_backend(directory, **options)
     directory = Path(directory)
     m = load_manifest(directory)
     tok = _load_tokenizer(directory) if m.has_tokenizer else None
-    return EagleRuntime(directory, m, be, tok, min(prefill_chunk, be.max_prefill))
+    return EagleRuntime(directory, m, be, tok, min(prefill_chunk, be.max_prefill), guard=guard_policy(guard))

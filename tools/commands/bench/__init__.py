@@ -40,7 +40,7 @@ from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
 from eagle_export.runtime.generator import tau
 from eagle_export.runtime.timing import TimingBackend, TimingInstalled
-from eagle_export.tree_params import TreeParams
+from eagle_export.tree_params import TreeParams, tree_over_defaults
 
 from .peer import choose_unused_id, first_divergence
 
@@ -83,6 +83,8 @@ class _Run:
     decode_s: float
     draft_s: float  # draft graph calls during decode
     target_s: float  # target graph calls during decode
+    spec_rounds: int = 0  # rounds that drafted (the guard, or a no-draft default, may make others plain)
+    spec_accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens per drafting round
 
     @property
     def tok_s(self) -> float:
@@ -171,6 +173,11 @@ class PromptRow:
     peer_new_tokens: int | None = None
     peer_divergence: int | None = None
     divergence: Divergence | None = None  # where EAGLE first differs from no-draft (None: lossless)
+    # EAGLE's rounds over every repeat: how many drafted and how many ran plain (the guard, a no-draft default), and
+    # the accepted draft tokens of the drafting ones (n-alpha and the drafting rounds' tau come from those).
+    spec_rounds: int = 0
+    plain_rounds: int = 0
+    spec_accept_lengths: list[int] = field(default_factory=list)
 
     @property
     def peer_equal(self) -> bool | None:
@@ -182,7 +189,8 @@ class PromptRow:
              "no_draft_tok_s": self.no_draft_tok_s, "speedup": self.speedup, "lossless": self.lossless,
              "eagle_decode_s": self.decode_s, "draft_s": self.draft_s, "target_s": self.target_s,
              "host_s": self.host_s, "accept_lengths": list(self.accept_lengths),
-             "no_draft_decode_s": self.no_draft_decode_s, "no_draft_target_s": self.no_draft_target_s}
+             "no_draft_decode_s": self.no_draft_decode_s, "no_draft_target_s": self.no_draft_target_s,
+             "spec_rounds": self.spec_rounds, "plain_rounds": self.plain_rounds}
         if self.divergence is not None:
             d["divergence"] = self.divergence.to_dict()
         if self.peer_tok_s is not None:
@@ -239,7 +247,7 @@ class BenchReport:
     backend: str
     threads: int | None
     max_new_tokens: int
-    tree: TreeParams
+    tree: TreeParams | None  # what EAGLE ran: the given tree, or the artifact's default (None: its default is no draft)
     rows: list[PromptRow]
     tau: float
     n_alpha: list[float | None]
@@ -254,6 +262,16 @@ class BenchReport:
     repeats: int = 1
     no_draft_split: dict[str, float] = field(default_factory=dict)  # fractions of no-draft decode: target, host
     peer: PeerSummary | None = None
+    default: bool = False  # EAGLE ran the artifact's default decoding (no tree given)
+    guard: bool = True  # the speculation guard was on (docs/runtime.md)
+    spec_tau: float = 0.0  # tau over the rounds that drafted
+
+    @property
+    def spec_share(self) -> float | None:
+        """Share of EAGLE's rounds that drafted (None: no round)."""
+        spec = sum(r.spec_rounds for r in self.rows)
+        total = spec + sum(r.plain_rounds for r in self.rows)
+        return spec / total if total else None
 
     def to_dict(self) -> dict:
         agg = {"tau": self.tau, "speedup": self.speedup,
@@ -261,7 +279,10 @@ class BenchReport:
                "n_alpha": list(self.n_alpha), "time_split": dict(self.time_split),
                "no_draft_time_split": dict(self.no_draft_split),
                "peak_rss_mb": self.peak_rss_mb, "lossless": self.lossless, "prompts": len(self.rows),
-               "max_new_tokens": self.max_new_tokens, "tree": self.tree.to_dict(),
+               "max_new_tokens": self.max_new_tokens, "tree": None if self.tree is None else self.tree.to_dict(),
+               "default": self.default, "guard": self.guard, "spec_tau": self.spec_tau,
+               "mode_share": {"spec": self.spec_share, "plain": None if self.spec_share is None else
+                              1 - self.spec_share},
                "backend": self.backend, "threads": self.threads, "greedy": True, "stop_on_eos": self.stop_on_eos,
                "repeats": self.repeats, "artifact": self.artifact}
         if self.peer is not None:
@@ -278,9 +299,12 @@ class BenchReport:
             head += f"  {'peer tok/s':>10}  {'eagle/peer':>10}  {'plain/peer':>10}  peer tokens"
         eos = "stop at EOS" if self.stop_on_eos else "EOS ignored"
         reps = f", medians of {self.repeats} interleaved repeats" if self.repeats > 1 else ""
-        lines = [f"bench {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; tree top_k "
-                 f"{t.top_k} depth {t.depth} total_tokens {t.total_tokens}; {self.max_new_tokens} new tokens, greedy, "
-                 f"{eos}{reps})", "", head, "-" * len(head)]
+        tree = "no draft" if t is None else f"tree {t.label}"
+        how = (" (the artifact's default" + (", from `eagle-export tune`" if t is None else "") + ")"
+               if self.default else "")
+        lines = [f"bench {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; {tree}{how}; "
+                 f"guard {'on' if self.guard else 'off'}; {self.max_new_tokens} new tokens, greedy, {eos}{reps})",
+                 "", head, "-" * len(head)]
         for i, r in enumerate(self.rows, 1):
             d = max(r.decode_s, 1e-12)
             line = (f"{i:>2}  {r.prompt_tokens:>6}  {r.new_tokens:>4}  {r.tau:>5.2f}  {r.eagle_tok_s:>11.1f}  "
@@ -295,8 +319,12 @@ class BenchReport:
         na = ", ".join(f"{i}: {'-' if a is None else f'{a:.2f}'}" for i, a in enumerate(self.n_alpha, 1))
         lines += [
             "",
-            f"tau (committed tokens per target forward, bonus included): {self.tau:.2f} (every round counted whole)",
-            f"acceptance per depth (n-alpha): {na}",
+            f"tau (committed tokens per target forward, bonus included): {self.tau:.2f} (every round counted whole)"
+            + (f"; over the drafting rounds {self.spec_tau:.2f}" if self.spec_share not in (None, 1.0) else ""),
+            f"acceptance per depth (n-alpha, drafting rounds): {na}",
+            "EAGLE's rounds: " + ("none" if self.spec_share is None else
+                                  f"{self.spec_share:.1%} drafted, {1 - self.spec_share:.1%} plain"
+                                  + (" (the speculation guard, docs/runtime.md)" if self.guard and self.tree else "")),
             f"tokens/s (median over {len(self.rows)} prompts): EAGLE {self.eagle_tok_s:.1f}, "
             f"no-draft {self.no_draft_tok_s:.1f}" + (f", {pe.name} {pe.precision} {pe.tok_s:.1f}" if pe else ""),
             f"speedup (median of per-prompt ratios, measured side by side): {self.speedup:.2f}x",
@@ -325,7 +353,7 @@ class BenchReport:
 # ---- the bench ---------------------------------------------------------------------------------
 
 
-def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: TreeParams, use_draft: bool,
+def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: TreeParams | None, use_draft: bool,
               stop_on_eos: bool = False) -> _Run:
     stream = rt.stream(prompt_ids=ids, max_new_tokens=max_new, tree=tree, use_draft=use_draft,
                        stop_on_eos=stop_on_eos)
@@ -337,7 +365,7 @@ def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: Tree
     res = stream.result
     s = res.stats
     return _Run(list(res.tokens), s.rounds, list(s.accept_lengths), s.prefill_s, s.decode_s,
-                proxy.draft_seconds, proxy.target_seconds)
+                proxy.draft_seconds, proxy.target_seconds, s.spec_rounds, s.spec_accept_lengths)
 
 
 def check_run_settings(max_new_tokens, threads, repeats: int = 1) -> None:
@@ -373,12 +401,13 @@ class PairedSession:
     """
 
     def __init__(self, artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None,
-                 backend: str = "ort", threads: int | None = None, spin: str | None = None):
+                 backend: str = "ort", threads: int | None = None, spin: str | None = None, guard: bool = True):
         self.artifact = artifact
         self._prompts = prompts
         self.backend = backend
         self.threads = threads
         self.spin = spin  # ONNX Runtime's spin policy (None: the runtime's default)
+        self.guard = guard  # the speculation guard (tune measures trees without it: what they do when they draft)
 
     def __enter__(self) -> PairedSession:
         import torch
@@ -390,7 +419,8 @@ class PairedSession:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            self.rt = EagleRuntime.open(self.artifact, backend=self.backend, threads=self.threads, spin=self.spin)
+            self.rt = EagleRuntime.open(self.artifact, backend=self.backend, threads=self.threads, spin=self.spin,
+                                        guard=self.guard)
             if specs is None:
                 specs = builtin_prompts(self.rt.tokenizer is not None, self.rt.manifest.target.vocab_size)
             self.specs: list[PromptSpec] = specs
@@ -418,7 +448,7 @@ class PairedSession:
         self.rt.backend.check_tree(tree)
         return tree
 
-    def warm_up(self, tree: TreeParams, max_new_tokens: int, *, stop_on_eos: bool = False) -> None:
+    def warm_up(self, tree: TreeParams | None, max_new_tokens: int, *, stop_on_eos: bool = False) -> None:
         """One EAGLE and one no-draft generation of the first prompt, not counted."""
         for use_draft in (True, False):
             self.run(0, max_new_tokens, tree, use_draft, stop_on_eos)
@@ -428,13 +458,15 @@ class PairedSession:
         the first time it drafts one (a draft tree graph cut to its depth) opens here, not inside a timed run."""
         self.run(0, tokens, tree, True)
 
-    def run(self, i: int, max_new_tokens: int, tree: TreeParams, use_draft: bool, stop_on_eos: bool = False) -> _Run:
+    def run(self, i: int, max_new_tokens: int, tree: TreeParams | None, use_draft: bool,
+            stop_on_eos: bool = False) -> _Run:
         """One generation of prompt i (a GenerationError becomes a BenchError naming the prompt)."""
         return _run_checked(self.rt, self.proxy, self.specs[i], self.prompt_ids[i], max_new_tokens, tree, use_draft,
                             stop_on_eos)
 
-    def measure(self, tree: TreeParams, max_new_tokens: int, *, parity: int = 0, log=None, stop_on_eos: bool = False,
-                repeats: int = 1, peer=None, only: list[int] | None = None) -> list[PromptRow]:
+    def measure(self, tree: TreeParams | None, max_new_tokens: int, *, parity: int = 0, log=None,
+                stop_on_eos: bool = False, repeats: int = 1, peer=None,
+                only: list[int] | None = None) -> list[PromptRow]:
         """For each prompt, one EAGLE and one no-draft generation one right after the other; the order alternates
         from prompt to prompt (EAGLE first on even ``i + parity``). ``repeats`` R: R passes over the prompts (pass r
         rotates the order by r more), per-prompt tokens/s the median of the R. ``peer``: a third mode (an object
@@ -494,7 +526,9 @@ def _row(spec: PromptSpec, ids: list[int], runs: dict[str, list]) -> PromptRow:
         e_tok_s, n_tok_s, e_tok_s / max(n_tok_s, 1e-12),
         all(x.tokens == y.tokens for x in es for y in ns),
         e.decode_s, e.draft_s, e.target_s, max(e.decode_s - e.draft_s - e.target_s, 0.0), list(first.accept_lengths),
-        no_draft_decode_s=n.decode_s, no_draft_target_s=n.target_s)
+        no_draft_decode_s=n.decode_s, no_draft_target_s=n.target_s,
+        spec_rounds=sum(x.spec_rounds for x in es), plain_rounds=sum(x.rounds - x.spec_rounds for x in es),
+        spec_accept_lengths=[a for x in es for a in x.spec_accept_lengths])
     if "peer" in runs:
         ps = runs["peer"]
         row.peer_tok_s = statistics.median(x.tok_s for x in ps)
@@ -549,12 +583,16 @@ def open_peer(session: PairedSession, name: str, *, precision: str | None, targe
 
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
           tree: TreeParams | None = None, top_k: int | None = None, depth: int | None = None,
-          total_tokens: int | None = None, backend: str = "ort", threads: int | None = None,
-          warmup: bool = True, stop_at_eos: bool = False, repeats: int | None = None, peer: str | None = None,
-          peer_precision: str | None = None, peer_target: str | Path | None = None,
-          peer_cache: str | Path | None = None, spin: str | None = None, log=None) -> BenchReport:
-    """Run the bench on ARTIFACT; see the module docstring. tree: full tree settings, or top_k/depth/total_tokens
-    overriding the artifact's defaults one by one. repeats: passes over the prompts (default 3 with a peer, else 1).
+          total_tokens: int | None = None, threshold: float | None = None, backend: str = "ort",
+          threads: int | None = None, warmup: bool = True, stop_at_eos: bool = False, repeats: int | None = None,
+          peer: str | None = None, peer_precision: str | None = None, peer_target: str | Path | None = None,
+          peer_cache: str | Path | None = None, spin: str | None = None, guard: bool = True,
+          log=None) -> BenchReport:
+    """Run the bench on ARTIFACT; see the module docstring. tree: full tree settings, or top_k/depth/total_tokens/
+    threshold overriding the artifact's tree_defaults one by one; none of them: the artifact's default decoding (its
+    tree_defaults, or its per-batch table's row for one sequence, which may be no draft: then EAGLE's runs are plain).
+    guard: the speculation guard on (the runtime's default) or off. repeats: passes over the prompts (default 3 with
+    a peer, else 1).
     peer: "ort-genai" (peer_precision fp32|int4, default the artifact's; peer_target: the Hugging Face folder to
     build it from, default the artifact's target source; peer_cache: where built models are kept, default
     ARTIFACT/peers). spin: ONNX Runtime's spin policy for our sessions ("off", "run", "on"; None: the runtime's
@@ -563,12 +601,13 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
         repeats = 3 if peer is not None else 1
     check_run_settings(max_new_tokens, threads, repeats)
     say = log or (lambda msg: None)
-    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=spin) as s:
-        if tree is None:
-            d = s.manifest.tree_defaults
-            tree = TreeParams(top_k if top_k is not None else d.top_k, depth if depth is not None else d.depth,
-                              total_tokens if total_tokens is not None else d.total_tokens)
-        tree.validate(s.manifest.tree_limits)
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=spin, guard=guard) as s:
+        given = tree
+        if given is None and (top_k, depth, total_tokens, threshold) != (None, None, None, None):
+            given = tree_over_defaults(s.manifest.tree_defaults, top_k, depth, total_tokens, threshold)
+        if given is not None:
+            given.validate(s.manifest.tree_limits)
+        tree = given if given is not None else s.manifest.default_tree(s.rt.max_batch)  # what EAGLE runs
         the_peer = None
         if peer is not None:
             the_peer = open_peer(s, peer, precision=peer_precision, target=peer_target, cache=peer_cache,
@@ -578,26 +617,27 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
                 the_peer.set_eos(eos)
             else:  # an id our plain decoding of these prompts never makes (fp32: neither does the peer; checked)
                 say("our plain decoding of every prompt once, to choose an EOS id the peer never meets (not counted)")
-                made = {t for i in range(len(s.specs)) for t in s.run(i, max_new_tokens, tree, False).tokens}
+                made = {t for i in range(len(s.specs)) for t in s.run(i, max_new_tokens, given, False).tokens}
                 the_peer.set_eos([choose_unused_id(s.manifest.target.vocab_size, made, set(eos))])
         if warmup:
             say("warm-up")
-            s.warm_up(tree, max_new_tokens, stop_on_eos=stop_at_eos)
+            s.warm_up(given, max_new_tokens, stop_on_eos=stop_at_eos)
             if the_peer is not None:
                 the_peer.generate(s.prompt_ids[0], max_new_tokens)
-        rows = s.measure(tree, max_new_tokens, log=say, stop_on_eos=stop_at_eos, repeats=repeats, peer=the_peer)
-    all_accepts = [a for r in rows for a in r.accept_lengths]
+        rows = s.measure(given, max_new_tokens, log=say, stop_on_eos=stop_at_eos, repeats=repeats, peer=the_peer)
+    spec_accepts = [a for r in rows for a in r.spec_accept_lengths]
     split, plain = time_splits(rows)
     return BenchReport(
         artifact=str(artifact), backend=backend, threads=threads, max_new_tokens=max_new_tokens, tree=tree, rows=rows,
         tau=tau_of(rows),
-        n_alpha=n_alpha(all_accepts, tree.depth + 1),
+        n_alpha=n_alpha(spec_accepts, 0 if tree is None else tree.depth + 1),
         eagle_tok_s=statistics.median(r.eagle_tok_s for r in rows),
         no_draft_tok_s=statistics.median(r.no_draft_tok_s for r in rows),
         speedup=statistics.median(r.speedup for r in rows),
         time_split=split, peak_rss_mb=peak_rss_mb(), lossless=all(r.lossless for r in rows), warmup=warmup,
         stop_on_eos=stop_at_eos, repeats=repeats, no_draft_split=plain,
-        peer=None if the_peer is None else peer_summary(the_peer, rows))
+        peer=None if the_peer is None else peer_summary(the_peer, rows), default=given is None, guard=guard,
+        spec_tau=tau(spec_accepts))
 
 
 def _run_checked(rt, proxy, spec: PromptSpec, ids, max_new, tree, use_draft, stop_on_eos: bool = False) -> _Run:
@@ -634,8 +674,7 @@ def plot_n_alpha(report: BenchReport, path: str | Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_xticks(range(1, len(report.n_alpha) + 1))
     t = report.tree
-    ax.set_title(f"n-alpha (tau {report.tau:.2f}; top_k {t.top_k}, depth {t.depth}, total {t.total_tokens})",
-                 fontsize=9)
+    ax.set_title(f"n-alpha (tau {report.tau:.2f}; " + ("no draft" if t is None else t.label) + ")", fontsize=9)
     return save_figure(plt, fig, ax, path)
 
 

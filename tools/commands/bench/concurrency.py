@@ -222,10 +222,11 @@ def _pass(rt, proxy: TimingBackend, prompts: list[list[int]], clients: int, max_
 def bench_concurrency(artifact: str | Path, *, concurrency: list[int], requests: int | None = None,
                       prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
                       tree: TreeParams | None = None, backend: str = "ort", threads: int | None = None,
-                      repeats: int = 1, log=None) -> ConcurrencyReport:
+                      repeats: int = 1, guard: bool = True, log=None) -> ConcurrencyReport:
     """See the module docstring. requests: M (default: 2 x the largest N, at least the prompt count); the prompts
     are used round-robin. repeats: passes per mode and N, EAGLE and no-draft alternating; each mode reports its
-    pass of median throughput (a shared machine's load comes and goes)."""
+    pass of median throughput (a shared machine's load comes and goes). guard: the speculation guard (on: the
+    runtime's default)."""
     import torch
 
     from eagle_export.runtime import EagleRuntime
@@ -249,7 +250,7 @@ def bench_concurrency(artifact: str | Path, *, concurrency: list[int], requests:
     report = None
     try:
         for n in concurrency:
-            rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n)
+            rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n, guard=guard)
             try:
                 if specs is None:
                     specs = builtin_prompts(rt.tokenizer is not None, rt.manifest.target.vocab_size)

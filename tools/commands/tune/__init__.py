@@ -29,8 +29,14 @@ The search has two stages (see docs/tune.md):
    midpoints to its neighbouring grid values (and half the smallest value when the winner sits on it) that are
    valid and not measured yet: at most 2 per dimension (none for a dimension given one value).
 
+3. thresholds (``thresholds``, default ``DEFAULT_THRESHOLDS``): the best tree so far again with each verify-width
+   threshold (``TreeParams.threshold``: draft nodes whose cumulative draft probability is below it are not verified).
+
 Then the best ``confirm`` settings (default 3) are measured ``CONFIRM_PASSES`` more times, interleaved, and ranked
-over all their runs, so that one lucky pass does not decide the winner.
+over all their runs, so that one lucky pass does not decide the winner. Every setting runs with the speculation guard
+off (runtime/guard.py), so that it is ranked by what it does when it drafts. The winner becomes ``tree_defaults``;
+if it does not beat plain decoding by ``min_speedup`` (default ``MIN_SPEEDUP``), the default is no draft: the
+manifest's ``batch_trees`` row for one sequence says so (``null``), and requests given no tree decode plainly.
 
 Before them, on ONNX Runtime, a spin stage (``spin="auto"``, the default) picks the intra-op threads' spin policy
 (``SPIN_CANDIDATES``; docs/runtime.md, Threading): the artifact's current default tree with each policy, one runtime
@@ -41,7 +47,8 @@ for the stages after it, and written into the ``tuned`` record, where the runtim
 With ``batch_sizes`` (the command's ``--batch-sizes``, default 1, 2, 4, ... up to the artifact's --max-batch), a
 third stage measures, at each number of concurrent sequences N >= 2, a ladder of the best tree of each size against
 batched plain decoding (tools/commands/tune/batch.py), and ``write_winner`` also writes the per-batch table
-``batch_trees`` (N = 1: the single-sequence winner, or no draft if even it is slower than plain decoding).
+``batch_trees`` (N = 1: the single-sequence winner, or no draft if it is not ``min_speedup`` faster than plain
+decoding; N >= 2 the same against batched plain decoding).
 
 Every setting must be lossless (EAGLE's tokens equal no-draft's on every prompt and repeat); a lossy one is
 reported and never chosen, and ``write_winner`` refuses a report holding one.
@@ -106,6 +113,13 @@ SCREEN_MARGIN = 0.15
 
 TREE_PATH, STEP_PATH = "tree graph", "step graph"
 
+# A tree becomes the default only if it beats plain decoding by this much (median of side-by-side ratios); else the
+# artifact's default is no draft. A tree at 1.02x on a tuning run can be at 0.95x in the next one on a noisy machine.
+MIN_SPEEDUP = 1.05
+
+# The threshold stage: the best tree again with these verify-width thresholds (TreeParams.threshold).
+DEFAULT_THRESHOLDS = (0.01, 0.05)
+
 
 class TuneError(EagleExportError):
     """A bad tune request: a malformed list, an empty grid, a report that cannot be written."""
@@ -135,6 +149,24 @@ def parse_list(text: ValuesArg, option: str, minimum: int) -> tuple[int, ...]:
         if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
             raise TuneError(f"{option} values must be integers >= {minimum}, got {v!r}")
     return tuple(sorted(set(values)))
+
+
+def parse_thresholds(text: str | Sequence[float] | None) -> tuple[float, ...]:
+    """'0.01,0.05' (or floats) -> sorted distinct thresholds in (0, 1]; None: DEFAULT_THRESHOLDS; '0' or '': none."""
+    if text is None:
+        return DEFAULT_THRESHOLDS
+    if isinstance(text, str):
+        parts = [p for p in text.replace(" ", "").split(",") if p]
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            raise TuneError(f"--thresholds must be comma-separated numbers in [0, 1], got {text!r}") from None
+    else:
+        values = list(text)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise TuneError(f"--thresholds values must be numbers in [0, 1], got {v!r}")
+    return tuple(sorted({float(v) for v in values if v > 0}))
 
 
 @dataclass(frozen=True)
@@ -211,7 +243,7 @@ def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: Pa
 @dataclass
 class SettingRow:
     tree: TreeParams
-    stage: str  # "grid" or "refine"
+    stage: str  # "grid", "refine" or "thresh"
     tau: float
     eagle_tok_s: float  # median over prompts x repeats
     no_draft_tok_s: float
@@ -233,8 +265,7 @@ class SettingRow:
                 "divergences": {k: v.to_dict() for k, v in self.divergences.items()}}
 
     def label(self) -> str:
-        t = self.tree
-        return f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
+        return self.tree.label
 
 
 def _summarise(tree: TreeParams, stage: str, rows: list[PromptRow], path: str = TREE_PATH) -> SettingRow:
@@ -306,7 +337,7 @@ def spin_stage(artifact, candidates: list[str], *, prompts, tree: TreeParams, ma
     specs = prompts
     for rep in range(repeats):
         for c in candidates if rep % 2 == 0 else candidates[::-1]:
-            with PairedSession(artifact, prompts=specs, backend=backend, threads=threads, spin=c) as s:
+            with PairedSession(artifact, prompts=specs, backend=backend, threads=threads, spin=c, guard=False) as s:
                 specs = s.specs
                 s.warm_up(tree, max_new_tokens)
                 measured[c] += s.measure(tree, max_new_tokens)
@@ -337,6 +368,14 @@ class TuneReport:
     batch: list[SizeRow] = field(default_factory=list)  # stage 3: per number of active sequences N >= 2
     spin_rows: list[SpinRow] = field(default_factory=list)  # the spin stage, best first (empty: not run)
     spin: str | None = None  # the policy every later stage ran with and the record keeps (None: runtime default)
+    min_speedup: float = MIN_SPEEDUP  # a tree must beat plain decoding by this much to be the default
+    thresholds: tuple[float, ...] = ()  # the threshold stage's values (empty: not run)
+
+    @property
+    def no_draft(self) -> bool:
+        """No tree beat plain decoding by ``min_speedup``: the default (for one sequence) is no draft."""
+        w = self.winner
+        return w is None or w.speedup < self.min_speedup
 
     @property
     def batch_lossless(self) -> bool:
@@ -348,12 +387,24 @@ class TuneReport:
 
     @property
     def batch_table(self) -> BatchTrees | None:
-        """The per-batch table to write (None without stage 3): N = 1 from the single-sequence winner."""
+        """The per-batch table to write: N = 1 from the single-sequence winner (no draft below ``min_speedup``), then
+        stage 3's rows; without stage 3, the one row for N = 1 when it says no draft, else None (tree_defaults is
+        the default)."""
         w = self.winner
-        if not self.batch or w is None:
+        if w is None:
             return None
-        one = BatchTree(1, w.tree if w.speedup >= 1 else None, round(w.speedup, 3))
+        one = BatchTree(1, None if self.no_draft else w.tree, round(w.speedup, 3))
+        if not self.batch:
+            return BatchTrees((one,)) if self.no_draft else None
         return BatchTrees((one, *(row.choice for row in self.batch)))
+
+    def verdict(self) -> str | None:
+        """The one line saying the default is no draft, or None when a tree pays."""
+        w = self.winner
+        if w is None or not self.no_draft:
+            return None
+        return (f"no draft: no tree beat plain decoding by {self.min_speedup:.2f}x (the best, {w.label()}, measured "
+                f"{w.speedup:.2f}x), so the artifact decodes plainly by default; an explicit tree still drafts")
 
     @property
     def lossy(self) -> list[SettingRow]:
@@ -373,6 +424,7 @@ class TuneReport:
                 "lossless": not self.lossy, "previous": self.previous.to_dict(),
                 "winner": None if w is None else w.to_dict(), "batch": [row.to_dict() for row in self.batch],
                 "spin": self.spin, "spin_stage": [r.to_dict() for r in self.spin_rows],
+                "min_speedup": self.min_speedup, "no_draft": self.no_draft, "thresholds": list(self.thresholds),
                 "batch_trees": None if self.batch_table is None else self.batch_table.to_list()}
 
     def format(self) -> str:
@@ -385,10 +437,11 @@ class TuneReport:
                  "call a level)", "", head + "  draft", "-" * (len(head) + 7)]
         for i, r in enumerate(self.rows, 1):
             t = r.tree
+            thr = f"  threshold {t.threshold:g}" if t.threshold else ""
             lines.append(f"{i:>3}  {t.top_k:>5}  {t.depth:>5}  {t.total_tokens:>5}  {r.stage:>6}  {r.tau:>5.2f}  "
                          f"{r.eagle_tok_s:>11.1f}  {r.no_draft_tok_s:>14.1f}  {r.speedup:>6.2f}x  "
                          f"{'yes' if r.lossless else 'NO':<8}  {r.path.split()[0]}"
-                         + ("  (dropped at the screen)" if r.dropped else ""))
+                         + ("  (dropped at the screen)" if r.dropped else "") + thr)
         lines.append("")
         if self.spin_rows:
             lines.append("spin policy (the default tree, EAGLE tokens/s; docs/runtime.md, Threading): " + "; ".join(
@@ -399,11 +452,9 @@ class TuneReport:
         w = self.winner
         if w is not None:
             lines.append(f"winner: {w.label()}: speedup {w.speedup:.2f}x, tau {w.tau:.2f}, EAGLE {w.eagle_tok_s:.1f} "
-                         f"tok/s, no-draft {w.no_draft_tok_s:.1f} tok/s (previous default: top_k "
-                         f"{self.previous.top_k}, depth {self.previous.depth}, total_tokens "
-                         f"{self.previous.total_tokens})")
-            if w.speedup < 1:
-                lines.append("note: even the winner is slower than no-draft decoding here")
+                         f"tok/s, no-draft {w.no_draft_tok_s:.1f} tok/s (previous default: {self.previous.label})")
+            if self.no_draft:
+                lines.append(self.verdict())
             lim = self.engines_max_tree_tokens
             if self.backend != "tensorrt" and lim is not None and w.tree.verify_tokens > lim:
                 lines.append(f"note: the winner verifies {w.tree.verify_tokens} tokens per round, more than this "
@@ -440,8 +491,8 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
          backend: str = "ort", threads: int | None = None, repeats: int = 1, refine: bool = True,
          warmup: bool = True, log: Callable[[str], None] | None = None, batch_sizes: ValuesArg | None = None,
          batch_candidates: int = 6, batch_requests: int | None = None, batch_repeats: int | None = None,
-         spin: str | None = "auto", confirm: int = 3, screen: bool = True,
-         inexact_trees: bool = False) -> TuneReport:
+         spin: str | None = "auto", confirm: int = 3, screen: bool = True, inexact_trees: bool = False,
+         min_speedup: float = MIN_SPEEDUP, thresholds: str | Sequence[float] | None = None) -> TuneReport:
     """Measure every admissible setting of the grid (then the refinements) on ARTIFACT; see the module docstring.
 
     top_k / depth / total_tokens: lists ('1,2,4', '2-8', or sequences of ints; None: the defaults).
@@ -453,8 +504,14 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     settings are measured ``CONFIRM_PASSES`` more times before the ranking is final (0 or 1: none). screen: the
     grid's screen (first half of the prompts, then the rest for the best; module docstring).
     inexact_trees: also measure branching trees on an artifact where only chains are token-exact (``admissible``).
+    min_speedup: the winner must beat plain decoding by this much to be the default, else the default is no draft
+    (``batch_trees``' row for 1 sequence). thresholds: the threshold stage's values (None: ``DEFAULT_THRESHOLDS``;
+    empty or "0": no stage). Trees are measured with the speculation guard off: what they do when they draft.
     log: optional callable for progress lines."""
     check_run_settings(max_new_tokens, threads)
+    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup > 0:
+        raise TuneError(f"--min-speedup must be a positive number, got {min_speedup!r}")
+    thresh = parse_thresholds(thresholds)
     if not isinstance(repeats, int) or repeats < 1:
         raise TuneError(f"--repeats must be >= 1, got {repeats!r}")
     from eagle_export.manifest import load_manifest
@@ -475,7 +532,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                                         repeats=max(repeats, 2), say=say)
         chosen = spin_rows[0].spin
         say(f"spin policy: {chosen}")
-    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=chosen) as s:
+    with PairedSession(artifact, prompts=prompts, backend=backend, threads=threads, spin=chosen, guard=False) as s:
         skipped: Counter[str] = Counter()
         todo = []
         # Grouped by (top_k, depth): the runtime opens each top_k's tree graph cut to a depth once.
@@ -542,6 +599,14 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                 if extra:
                     say(f"refining around {ok[0].label()}: {len(extra)} more settings")
                     run("refine", extra, 1, len(extra))
+        ok = sorted((r for r in rows if r.lossless), key=_rank_key)
+        if thresh and ok:
+            # The best tree with each threshold: fewer verify tokens on the rounds where its draft is unsure.
+            top = ok[0].tree
+            extra = [t for t in (TreeParams(top.top_k, top.depth, top.total_tokens, v) for v in thresh)
+                     if t not in by_tree and admissible(t, s, inexact_trees) is None]
+            say(f"thresholds for {top.label}: {', '.join(f'{v:g}' for v in thresh)}")
+            run("thresh", extra, 1, len(extra))
         best = sorted((r for r in rows if r.lossless and not r.dropped), key=_rank_key)[:confirm]
         if len(best) > 1:
             # A setting measured once can win by the machine's noise: the best few again, interleaved, the order
@@ -567,14 +632,15 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     # screen's dropped after every setting measured on all the prompts.
     rows.sort(key=lambda r: (not r.lossless, not r.confirmed, r.dropped, *_rank_key(r)))
     report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
-                        rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen)
+                        rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen,
+                        min_speedup=float(min_speedup), thresholds=thresh)
     cands = ladder(rows, batch_candidates)
     if sizes and cands:
         say(f"per-batch stage: N = {', '.join(map(str, sizes))}; {len(cands)} tree sizes and no draft at each")
         report.batch = tune_batch(artifact, sizes=sizes, candidates=cands, prompts=specs,
                                   max_new_tokens=max_new_tokens, backend=backend, threads=threads,
                                   repeats=batch_repeats or repeats,
-                                  requests=batch_requests, log=say, spin=chosen)
+                                  requests=batch_requests, log=say, spin=chosen, min_speedup=float(min_speedup))
     return report
 
 
@@ -617,7 +683,10 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
         speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
         repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         eagle_export=__version__, spin=report.spin)
-    return set_tree_defaults(artifact, w.tree, tuned, batch_trees=report.batch_table)
+    # No table: the winner is the default at every batch size, so an older table (whose row for 1 was the old
+    # winner, or no draft) goes.
+    table = report.batch_table
+    return set_tree_defaults(artifact, w.tree, tuned, batch_trees=table, clear_batch_trees=table is None)
 
 
 def plot_speedup(report: TuneReport, path: str | Path) -> Path:

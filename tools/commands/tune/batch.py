@@ -9,7 +9,8 @@ whose verify already holds several tokens per sequence: past some batch size a s
 For each N, one runtime opened with ``max_batch=N`` serves M greedy requests (EOS ignored) from N client threads
 (``bench --concurrency``'s passes, tools/commands/bench/concurrency.py), once per candidate tree and once with no
 draft, alternating, ``repeats`` times. A candidate's speedup is the median over repeats of its pass's throughput /
-the no-draft pass's next to it. The best lossless candidate is N's row; none (no draft) when even it is below 1.
+the no-draft pass's next to it. The best lossless candidate is N's row; none (no draft) when even it is below
+``min_speedup`` (tune's --min-speedup: a clear margin over plain decoding).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class SizeRow:
     active: int
     requests: int
     candidates: list[Candidate] = field(default_factory=list)
+    min_speedup: float = 1.0  # the best candidate must beat batched plain decoding by this much, else no draft
 
     @property
     def best(self) -> Candidate | None:
@@ -55,7 +57,7 @@ class SizeRow:
     @property
     def choice(self) -> BatchTree:
         b = self.best
-        if b is None or b.speedup < 1.0:
+        if b is None or b.speedup < self.min_speedup:
             return BatchTree(self.active, None, None if b is None else round(b.speedup, 3))
         return BatchTree(self.active, b.tree, round(b.speedup, 3))
 
@@ -79,15 +81,18 @@ def ladder(rows, limit: int = 6) -> list[TreeParams]:
 def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeParams],
                prompts: list[PromptSpec] | None = None, max_new_tokens: int = 64, backend: str = "ort",
                threads: int | None = None, repeats: int = 1, requests: int | None = None,
-               log: Callable[[str], None] | None = None, spin: str | None = None) -> list[SizeRow]:
-    """Measure every candidate against batched no-draft at each N of ``sizes``; see the module docstring."""
+               log: Callable[[str], None] | None = None, spin: str | None = None,
+               min_speedup: float = 1.0) -> list[SizeRow]:
+    """Measure every candidate against batched no-draft at each N of ``sizes``; see the module docstring. An N whose
+    best candidate is below ``min_speedup`` gets no draft."""
     from eagle_export.runtime import EagleRuntime
     from eagle_export.tools.commands.bench.concurrency import _pass
 
     say = log or (lambda msg: None)
     out: list[SizeRow] = []
     for n in sizes:
-        rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n, spin=spin)
+        # the guard off: a candidate's figures are its tree's when it drafts (the guard acts on them at run time)
+        rt = EagleRuntime.open(artifact, backend=backend, threads=threads, max_batch=n, spin=spin, guard=False)
         try:
             specs = prompts if prompts is not None else builtin_prompts(rt.tokenizer is not None,
                                                                          rt.manifest.target.vocab_size)
@@ -98,7 +103,7 @@ def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeP
             proxy = TimingBackend(gen.backend)
             gen.backend = proxy
             _pass(rt, proxy, work[:n], n, max_new_tokens, None)  # warm-up
-            row = SizeRow(n, m)
+            row = SizeRow(n, m, min_speedup=min_speedup)
             for j, tree in enumerate(candidates, 1):
                 _pass(rt, proxy, work[:n], n, max_new_tokens, tree)  # warm-up of this tree's shapes
                 ratios, e_tps, nd_tps, accepts, lossless = [], [], [], [], True
@@ -117,9 +122,8 @@ def tune_batch(artifact: str | Path, *, sizes: list[int], candidates: list[TreeP
                 c = Candidate(tree, statistics.median(ratios), statistics.median(e_tps), statistics.median(nd_tps),
                               (sum(accepts) + len(accepts)) / max(len(accepts), 1), lossless)
                 row.candidates.append(c)
-                say(f"N={n} [{j}/{len(candidates)}] top_k {tree.top_k}, depth {tree.depth}, total_tokens "
-                    f"{tree.total_tokens}: speedup {c.speedup:.2f}x vs batched no-draft, EAGLE {c.eagle_tok_s:.1f} "
-                    f"tok/s" + ("" if lossless else "  LOSSY"))
+                say(f"N={n} [{j}/{len(candidates)}] {tree.label}: speedup {c.speedup:.2f}x vs batched no-draft, "
+                    f"EAGLE {c.eagle_tok_s:.1f} tok/s" + ("" if lossless else "  LOSSY"))
             out.append(row)
         finally:
             rt.close()
@@ -154,5 +158,5 @@ def format_rows(rows: list[SizeRow], single: BatchTree) -> list[str]:
 
 def _label(r: BatchTree) -> str:
     t = r.tree
-    what = "no draft" if t is None else f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}"
+    what = "no draft" if t is None else t.label
     return f"N>={r.active}: {what}" + ("" if r.speedup is None else f" ({r.speedup:.2f}x)")

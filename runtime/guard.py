@@ -1,0 +1,297 @@
+"""The speculation guard: per request, run plain rounds while speculation loses, and probe back now and then.
+
+A speculative round commits ``tau`` tokens (its accepted draft tokens plus the bonus) and costs ``ratio`` plain
+steps (``ratio``: the wall time of the runtime's recent speculative rounds over that of its recent plain rounds,
+``RoundCosts``). Speculation pays while ``tau / ratio`` (its speed as a multiple of plain decoding's) stays at least
+1. The guard keeps an average of a request's ``tau`` over its speculative rounds and:
+
+- after ``min_rounds`` speculative rounds, switches the request to plain rounds when the estimate ``tau / ratio``
+  falls below ``leave`` (hysteresis: a request that pays a little is left alone) by ``confidence`` standard errors
+  of the running tau (a draft whose rounds commit 1 or 8 tokens at random needs more rounds to convict than one
+  that commits 1 every round), or, a collapse after a good stretch, when its last ``window`` rounds' mean is below half
+  the break-even;
+- meanwhile, every ``shadow_every`` plain rounds the draft reads the tokens committed since (the context pass that
+  keeps its cache in step, run anyway): how often its top-k held the next token estimates what a round would commit
+  (``shadow``), and a draft that would pay again is probed at once;
+- after ``interval`` plain rounds, probes: ``probe_rounds`` speculative rounds, whose mean ``tau`` decides. At least
+  ``enter`` and the request speculates again (the interval starts over); below it, back to plain rounds with the
+  interval doubled (at most ``max_interval``). An interval is never shorter than what keeps a probe's expected
+  loss within ``budget`` of the plain rounds between probes: ``probe_rounds * (ratio - 1) / budget``;
+- with no plain-round figure yet (a fresh runtime), runs one plain round to measure one (``calibrate``), then
+  goes on speculating;
+- a request's running tau starts from the runtime's running tau for its tree (``RoundCosts.prior``, weighing as
+  ``prior_rounds`` rounds), so one whose first rounds commit little, on a head that pays, is not switched off at once;
+  where that prior says speculation loses, a request starts with plain rounds (``start``).
+
+Everything here is a pure function of the figures it is given (no clock, no graph): ``RoundCosts`` holds what the
+runtime measured, and a test can give ``Guard.after`` any figures it likes. Which rounds ran plain never changes a
+token: greedy output is the target's either way, and a sampled request draws one uniform per committed token in
+both kinds of round (runtime/accept.py), so the same seed gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from eagle_export.errors import GenerationError
+
+SPEC = "spec"  # the next round drafts
+PLAIN = "plain"  # the next round is a plain one-token step
+MIXED = "mixed"  # RoundCosts' key of a batched round whose drafting sequences had different trees
+
+
+@dataclass(frozen=True)
+class GuardPolicy:
+    """The guard's settings (docs/runtime.md, "The speculation guard"). ``cost_ratio``: a fixed cost of a
+    speculative round in plain steps instead of the measured one (None: measured); with it, the guard's decisions
+    depend on the tokens alone (the tests use it; a deployment may pin a ratio it measured)."""
+
+    leave: float = 0.85  # speculation's estimated speed (x plain) below which a request switches to plain rounds
+    enter: float = 1.0  # a probe's estimate at or above which it speculates again
+    alpha: float = 0.1  # weight of the newest speculative round in the running tau (the plain mean until 1/alpha)
+    confidence: float = 2.0  # standard errors the running tau must be below the break-even by to switch off
+    min_rounds: int = 3  # speculative rounds before the guard first judges a request
+    probe_rounds: int = 2  # speculative rounds per probe
+    first_interval: int = 8  # plain rounds before the first probe (at least)
+    max_interval: int = 1024  # plain rounds between probes, at most
+    budget: float = 0.02  # a probe's expected loss, at most this share of the plain rounds between probes
+    shadow_every: int = 32  # in plain rounds, the draft reads the tokens every this many (0: never; see shadow())
+    prior_rounds: int = 4  # the runtime's running tau for the tree starts a request's, weighing as this many rounds
+    window: int = 4  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
+    cost_ratio: float | None = None
+
+    def validate(self) -> GuardPolicy:
+        def real(name: str, lo: float, hi: float) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise GenerationError(f"guard {name} must be a number in [{lo}, {hi}], got {v!r}")
+
+        def count(name: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise GenerationError(f"guard {name} must be an integer >= 1, got {v!r}")
+
+        real("leave", 0.0, 10.0)
+        real("enter", self.leave, 10.0)
+        real("alpha", 1e-6, 1.0)
+        real("confidence", 0.0, 10.0)
+        real("budget", 1e-6, 1.0)
+        for name in ("min_rounds", "probe_rounds", "first_interval", "max_interval", "prior_rounds", "window"):
+            count(name)
+        if isinstance(self.shadow_every, bool) or not isinstance(self.shadow_every, int) or self.shadow_every < 0:
+            raise GenerationError(f"guard shadow_every must be an integer >= 0, got {self.shadow_every!r}")
+        if self.max_interval < self.first_interval:
+            raise GenerationError(f"guard max_interval {self.max_interval} is below first_interval "
+                                  f"{self.first_interval}")
+        if self.cost_ratio is not None:
+            real("cost_ratio", 1e-6, 1e6)
+        return self
+
+
+DEFAULT_POLICY = GuardPolicy()
+
+
+@dataclass
+class Guard:
+    """One request's guard. ``after(ran, committed, ratio)`` after each of its rounds returns the next round's mode
+    (``SPEC`` or ``PLAIN``); ``mode`` is that mode until the next call."""
+
+    policy: GuardPolicy = field(default_factory=GuardPolicy)
+    mode: str = SPEC
+    tau: float | None = None  # running tau over speculative rounds (None: none yet)
+    var: float = 0.0  # running variance of the rounds' committed tokens, weighted as tau
+    spec_seen: int = 0  # speculative rounds since the guard last (re)started judging
+    plain_left: int = 0  # plain rounds before the next probe
+    interval: int = 0  # the current interval between probes (0: not switched yet)
+    probing: int = 0  # speculative rounds of the current probe still to run (0: not probing)
+    probe_sum: int = 0  # committed tokens of the current probe so far
+    calibrating: bool = False  # the next plain round only measures a plain step
+    switches: int = 0  # times the guard turned speculation off
+    # (tau, variance, rounds it averages) of the runtime's earlier speculative rounds of this tree
+    prior: tuple[float, float, float] | None = None
+    reads: int = 0  # shadow reads since the last switch to plain rounds
+    failed: int = 0  # probes failed since the last switch to plain rounds (each doubles the shadow reads' spacing)
+    recent: list[int] = field(default_factory=list)  # the last ``window`` speculative rounds' committed tokens
+    weight: float = field(default=0.0, init=False)  # pseudo-rounds of the prior still in the running tau
+
+    def __post_init__(self) -> None:
+        self._restart()
+
+    def start(self, ratio: float | None) -> str:
+        """Before a request's first round: if the runtime's earlier requests on this tree say speculation loses (the
+        prior's tau, ``confidence`` standard errors up, below ``leave`` x ``ratio``), it starts with plain rounds (its
+        shadow reads and probes find out whether it pays after all). Returns the first round's mode."""
+        p = self.policy
+        if self.prior is not None and ratio is not None:
+            tau, var, n = self.prior
+            if (tau + p.confidence * math.sqrt(var / max(n, 1.0))) / ratio < p.leave:
+                self._to_plain(p.first_interval, ratio)
+        return self.mode
+
+    def _restart(self) -> None:
+        """Judge afresh: the running tau starts from the prior (weighing prior_rounds rounds), or from nothing."""
+        self.spec_seen = 0
+        self.recent = []
+        if self.prior is not None:
+            self.tau, self.var, _ = self.prior
+            self.weight = float(self.policy.prior_rounds)
+        else:
+            self.tau, self.var, self.weight = None, 0.0, 0.0
+
+    def after(self, ran: str, committed: int, ratio: float | None) -> str:
+        """Account one round of this request and return the mode of its next one.
+
+        ran: what the round was (``SPEC``: it verified a draft tree; ``PLAIN``: a one-token step); committed: tokens
+        it committed (accepted draft tokens + the bonus); ratio: what a speculative round costs in plain steps
+        (None: not known yet)."""
+        p = self.policy
+        if ran == PLAIN:
+            if self.calibrating:  # one plain step measured: speculate on
+                self.calibrating = False
+                self.mode = SPEC
+            elif self.mode == PLAIN:
+                self.plain_left -= 1
+                if self.plain_left <= 0:
+                    self.mode, self.probing, self.probe_sum = SPEC, p.probe_rounds, 0
+            return self.mode
+        if self.probing:
+            self.probe_sum += committed
+            self.probing -= 1
+            if self.probing:
+                return self.mode
+            tau = self.probe_sum / p.probe_rounds
+            if ratio is None or tau / ratio >= p.enter:  # it pays again: speculate, judged afresh
+                self._restart()
+                self.interval, self.mode = 0, SPEC
+            else:
+                failed = self.failed + 1
+                self._to_plain(min(2 * self.interval, p.max_interval), ratio)
+                self.failed = failed
+            return self.mode
+        self._add(committed)
+        if self.spec_seen < p.min_rounds:
+            return self.mode
+        if ratio is None:  # no plain figure yet: one plain round measures it
+            self.calibrating, self.mode = True, PLAIN
+        elif ((self.tau + p.confidence * self.stderr) / ratio < p.leave
+              or (len(self.recent) == p.window and sum(self.recent) / p.window / ratio < p.leave / 2)):
+            self._to_plain(p.first_interval, ratio)
+            self.switches += 1
+        return self.mode
+
+    def shadow_due(self, lagged: int) -> bool:
+        """Is a shadow read due, with ``lagged`` tokens unread? The first after a switch comes at a quarter of
+        ``shadow_every`` (at least 4), so that a dip is over sooner; the next ``shadow_every`` later, and each later
+        one twice as far as the one before, twice more for every probe that failed since (a draft that keeps reading
+        badly, or reads well but does not pay, is read and probed ever more rarely; the lag rows' own flushes, every
+        few hundred tokens, are reads too)."""
+        every = self.policy.shadow_every
+        if not every or self.mode != PLAIN or self.calibrating:
+            return False
+        if self.reads == 0 and not self.failed:
+            return lagged >= max(4, every // 4)
+        return lagged >= min(every << (max(self.reads - 1, 0) + self.failed), self.policy.max_interval)
+
+    def shadow(self, hits: int, seen: int, depth: int, ratio: float | None) -> str:
+        """In plain rounds: the draft has just read ``seen`` committed tokens (the lag rows' context pass), and its
+        top_k held the next token ``hits`` times. With that depth-1 acceptance ``a`` at every level, a round of a tree
+        ``depth`` levels deep would commit ``1 + a + ... + a^(depth + 1)`` tokens; if that pays (``enter``), probe
+        now rather than at the end of the interval. Returns the next round's mode."""
+        if self.mode != PLAIN or self.calibrating or seen <= 0:
+            return self.mode
+        self.reads += 1
+        a = hits / seen
+        tau = sum(a ** d for d in range(depth + 2))
+        if ratio is None or tau / ratio >= self.policy.enter:
+            self.mode, self.probing, self.probe_sum = SPEC, self.policy.probe_rounds, 0
+        return self.mode
+
+    def _add(self, committed: int) -> None:
+        """One speculative round into the running tau and variance: exponentially weighted (weight alpha), the plain
+        mean and variance while fewer than 1/alpha rounds (the prior's pseudo-rounds included) were seen, so the first
+        rounds weigh alike."""
+        self.spec_seen += 1
+        self.recent.append(committed)
+        del self.recent[:-self.policy.window]
+        w = max(self.policy.alpha, 1.0 / (self.spec_seen + self.weight))
+        if self.tau is None:
+            self.tau, self.var = float(committed), 0.0
+            return
+        d = committed - self.tau
+        self.tau += w * d
+        self.var = (1 - w) * (self.var + w * d * d)
+
+    @property
+    def stderr(self) -> float:
+        """The running tau's standard error: its variance over the rounds it effectively averages."""
+        n = min(self.spec_seen + self.weight, 2 / self.policy.alpha - 1)
+        return math.sqrt(self.var / n) if n > 0 else 0.0
+
+    def _to_plain(self, interval: int, ratio: float) -> None:
+        p = self.policy
+        self.reads = self.failed = 0
+        floor = math.ceil(p.probe_rounds * max(ratio - 1.0, 0.0) / p.budget)
+        self.interval = max(interval, min(floor, p.max_interval))
+        self.plain_left, self.mode = self.interval, PLAIN
+
+
+@dataclass
+class _Ema:
+    value: float
+    at: int  # committed rows (of the longest sequence) when last updated
+
+
+class RoundCosts:
+    """The runtime's measured round times: a running average of speculative rounds per (sequences, tree) and of
+    plain rounds per number of sequences. Rounds that join, switch or catch up are measured too; the average
+    smooths them out. ``ratio`` is what the guard reads."""
+
+    ALPHA = 0.2  # weight of the newest round
+    TAU_ALPHA = 0.05  # weight of the newest round in the running tau across requests
+    STALE = 2.0  # a plain figure measured at L rows is refreshed (``stale``) past STALE * L + 64 rows
+
+    def __init__(self) -> None:
+        self._spec: dict[tuple, _Ema] = {}
+        self._plain: dict[int, _Ema] = {}
+        self._tau: dict = {}  # tree -> [running tau, running variance, rounds] over every request's speculative rounds
+
+    def note_tau(self, tree, committed: int) -> None:
+        """One speculative round of a request with this tree committed so many tokens."""
+        t = self._tau.get(tree)
+        if t is None:
+            self._tau[tree] = [float(committed), 0.0, 1]
+            return
+        t[2] += 1
+        w = max(self.TAU_ALPHA, 1.0 / t[2])  # the plain mean until 1 / TAU_ALPHA rounds
+        d = committed - t[0]
+        t[0] += w * d
+        t[1] = (1 - w) * (t[1] + w * d * d)
+
+    def prior(self, tree) -> tuple[float, float, float] | None:
+        """(tau, variance, rounds averaged) of this runtime's speculative rounds with this tree so far (None: none
+        yet): where a new request's guard starts from."""
+        t = self._tau.get(tree)
+        return None if t is None else (t[0], t[1], min(t[2], 2 / self.TAU_ALPHA - 1))
+
+    def record(self, active: int, tree, seconds: float, rows: int) -> None:
+        """One round of ``active`` sequences: ``tree`` is the drafting sequences' tree (None: a round without a
+        draft; ``"mixed"``: several trees), ``rows`` the longest sequence's committed rows."""
+        if not seconds > 0:
+            return
+        table, key = (self._plain, active) if tree is None else (self._spec, (active, tree))
+        old = table.get(key)
+        table[key] = _Ema(seconds if old is None else (1 - self.ALPHA) * old.value + self.ALPHA * seconds, rows)
+
+    def ratio(self, active: int, tree) -> float | None:
+        """A speculative round's time over a plain round's at this many sequences (None: one of them unmeasured)."""
+        p = self._plain.get(active)
+        s = self._spec.get((active, tree)) or self._spec.get((active, MIXED))
+        if s is None or p is None:
+            return None
+        return s.value / p.value
+
+    def stale(self, active: int, rows: int) -> bool:
+        """Has the plain figure at this many sequences been measured at a much shorter length (or never)?"""
+        p = self._plain.get(active)
+        return p is None or rows > self.STALE * p.at + 64
