@@ -56,7 +56,7 @@ class GuardPolicy:
     first_interval: int = 8  # plain rounds before the first probe (at least)
     max_interval: int = 1024  # plain rounds between probes, at most
     budget: float = 0.02  # a probe's expected loss, at most this share of the plain rounds between probes
-    shadow_every: int = 32  # in plain rounds, the draft reads the tokens every this many (0: never; see shadow())
+    shadow_every: int = 16  # in plain rounds, the draft reads the tokens every this many (0: never; see shadow())
     prior_rounds: int = 4  # the runtime's running tau for the tree starts a request's, weighing as this many rounds
     window: int = 4  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
     cost_ratio: float | None = None
@@ -181,7 +181,7 @@ class Guard:
         return self.mode
 
     def shadow_due(self, lagged: int) -> bool:
-        """Is a shadow read due, with ``lagged`` tokens unread? The first after a switch comes at a quarter of
+        """Is a shadow read due, with ``lagged`` tokens unread? The first after a switch comes at half of
         ``shadow_every`` (at least 4), so that a dip is over sooner; the next ``shadow_every`` later, and each later
         one twice as far as the one before, twice more for every probe that failed since (a draft that keeps reading
         badly, or reads well but does not pay, is read and probed ever more rarely; the lag rows' own flushes, every
@@ -190,7 +190,7 @@ class Guard:
         if not every or self.mode != PLAIN or self.calibrating:
             return False
         if self.reads == 0 and not self.failed:
-            return lagged >= max(4, every // 4)
+            return lagged >= max(4, every // 2)
         return lagged >= min(every << (max(self.reads - 1, 0) + self.failed), self.policy.max_interval)
 
     def shadow(self, hits: int, seen: int, depth: int, ratio: float | None) -> str:
@@ -237,24 +237,45 @@ class Guard:
 
 
 @dataclass
-class _Ema:
-    value: float
+class _Recent:
+    """The last ``RoundCosts.WINDOW`` round times of one kind; ``value`` is their median."""
+
+    times: list[float]
     at: int  # committed rows (of the longest sequence) when last updated
+    n: int  # RoundCosts.rounds when last updated
+
+    @property
+    def value(self) -> float:
+        t = sorted(self.times)
+        n = len(t)
+        return t[n // 2] if n % 2 else (t[n // 2 - 1] + t[n // 2]) / 2
 
 
 class RoundCosts:
-    """The runtime's measured round times: a running average of speculative rounds per (sequences, tree) and of
-    plain rounds per number of sequences. Rounds that join, switch or catch up are measured too; the average
-    smooths them out. ``ratio`` is what the guard reads."""
+    """The runtime's measured round times: the median of the last ``WINDOW`` speculative rounds per (sequences, tree)
+    and of the last ``WINDOW`` plain rounds per number of sequences. A median, not an average: on a shared CPU a round
+    now and then loses a scheduler slice (4-13 ms against a 1.1 ms plain step, measured beside another process's
+    spinning threads), and one such round in a running average moved the ratio by 1-2 plain steps and switched
+    paying requests off. Rounds that join, switch or catch up are measured too; the median leaves them out.
+    ``ratio`` is what the guard reads.
 
-    ALPHA = 0.2  # weight of the newest round
+    A speculative figure not updated for ``SPEC_STALE`` rounds is dropped: while a runtime's requests run plain rounds
+    nothing refreshes it, and one measured in a slow moment (the first calls of a session, another process's threads
+    spinning) would otherwise keep every later request plain (its shadow reads and probes judge against it). Without
+    it ``ratio`` is None, which the guard reads as "unknown": a request starts speculating, a shadow read probes, and
+    the probe's rounds measure the figure afresh. A draft that loses pays for that probe once per ``SPEC_STALE``
+    rounds at most (2 rounds of 2-4 plain steps: under 3%)."""
+
+    WINDOW = 9  # rounds of each kind the median is over
+    SPEC_STALE = 128  # rounds (of any kind) after which a speculative figure not updated since is dropped
     TAU_ALPHA = 0.05  # weight of the newest round in the running tau across requests
     STALE = 2.0  # a plain figure measured at L rows is refreshed (``stale``) past STALE * L + 64 rows
 
     def __init__(self) -> None:
-        self._spec: dict[tuple, _Ema] = {}
-        self._plain: dict[int, _Ema] = {}
+        self._spec: dict[tuple, _Recent] = {}
+        self._plain: dict[int, _Recent] = {}
         self._tau: dict = {}  # tree -> [running tau, running variance, rounds] over every request's speculative rounds
+        self.rounds = 0  # rounds recorded
 
     def note_tau(self, tree, committed: int) -> None:
         """One speculative round of a request with this tree committed so many tokens."""
@@ -279,12 +300,23 @@ class RoundCosts:
         draft; ``"mixed"``: several trees), ``rows`` the longest sequence's committed rows."""
         if not seconds > 0:
             return
+        self.rounds += 1
         table, key = (self._plain, active) if tree is None else (self._spec, (active, tree))
         old = table.get(key)
-        table[key] = _Ema(seconds if old is None else (1 - self.ALPHA) * old.value + self.ALPHA * seconds, rows)
+        if old is None:
+            table[key] = _Recent([seconds], rows, self.rounds)
+            return
+        old.times.append(seconds)
+        del old.times[:-self.WINDOW]
+        old.at, old.n = rows, self.rounds
 
     def ratio(self, active: int, tree) -> float | None:
-        """A speculative round's time over a plain round's at this many sequences (None: one of them unmeasured)."""
+        """A speculative round's time over a plain round's at this many sequences (None: one of them unmeasured, or
+        the speculative one dropped as stale)."""
+        for key in ((active, tree), (active, MIXED)):
+            s = self._spec.get(key)
+            if s is not None and self.rounds - s.n > self.SPEC_STALE:
+                del self._spec[key]
         p = self._plain.get(active)
         s = self._spec.get((active, tree)) or self._spec.get((active, MIXED))
         if s is None or p is None:

@@ -132,16 +132,16 @@ def test_shadow_reads_come_early_after_a_switch_then_every_shadow_every():
     g = Guard(GuardPolicy())
     assert not g.shadow_due(100)  # speculating: no reads
     feed(g, [1] * 3, 2.0)
-    assert [g.shadow_due(n) for n in (7, 8)] == [False, True]  # the first at 32 / 4 rows
+    assert [g.shadow_due(n) for n in (7, 8)] == [False, True]  # the first at 16 / 2 rows
     g.shadow(0, 7, 3, 2.0)
-    assert [g.shadow_due(n) for n in (31, 32)] == [False, True]  # then 32 later ...
-    g.shadow(0, 31, 3, 2.0)
-    assert [g.shadow_due(n) for n in (63, 64)] == [False, True]  # ... and twice as far each time it reads badly
+    assert [g.shadow_due(n) for n in (15, 16)] == [False, True]  # then 16 later ...
+    g.shadow(0, 15, 3, 2.0)
+    assert [g.shadow_due(n) for n in (31, 32)] == [False, True]  # ... and twice as far each time it reads badly
     assert not Guard(GuardPolicy(shadow_every=0)).shadow_due(10 ** 6)
-    g.shadow(63, 63, 3, 2.0)  # reads well: probe
+    g.shadow(31, 31, 3, 2.0)  # reads well: probe
     feed(g, [1, 1], 2.0)  # ... which fails: back to plain rounds, the reads' spacing doubled for the failed probe
     assert g.mode == PLAIN and [g.shadow_due(n) for n in (7, 8)] == [False, False]
-    assert [g.shadow_due(n) for n in (63, 64)] == [False, True]
+    assert [g.shadow_due(n) for n in (31, 32)] == [False, True]
 
 
 def test_without_a_plain_figure_one_plain_round_measures_it():
@@ -172,12 +172,53 @@ def test_round_costs():
     assert c.ratio(1, tree) is None  # no plain round yet
     c.record(1, None, 0.002, 10)
     assert c.ratio(1, tree) == pytest.approx(2.0) and not c.stale(1, 80) and c.stale(1, 85)
-    c.record(1, tree, 0.006, 12)  # a running average: 0.8 * 4 ms + 0.2 * 6 ms
-    assert c.ratio(1, tree) == pytest.approx(0.0044 / 0.002)
+    c.record(1, tree, 0.006, 12)  # the median of the rounds so far: (4 ms + 6 ms) / 2
+    assert c.ratio(1, tree) == pytest.approx(0.005 / 0.002)
     assert c.ratio(1, TreeParams(1, 1, 1)) is None and c.ratio(2, tree) is None
     c.record(2, MIXED, 0.009, 10)
     c.record(2, None, 0.003, 10)
     assert c.ratio(2, tree) == pytest.approx(3.0)  # a batch of different trees stands in for any of them
+
+
+def test_a_slow_round_does_not_move_the_ratio():
+    """A round that lost a scheduler slice (12 ms against 3 ms rounds) leaves the ratio where the rounds around it put
+    it: a running average would move it by a plain step and a half."""
+    c = RoundCosts()
+    tree = TreeParams(1, 6, 7)
+    for _ in range(8):
+        c.record(1, None, 0.001, 10)
+        c.record(1, tree, 0.003, 10)
+    c.record(1, tree, 0.012, 10)
+    c.record(1, None, 0.009, 10)
+    assert c.ratio(1, tree) == pytest.approx(3.0)
+    for _ in range(RoundCosts.WINDOW):  # the rounds do get slower: the figure follows within a window
+        c.record(1, tree, 0.006, 10)
+    assert c.ratio(1, tree) == pytest.approx(6.0)
+
+
+def test_a_stale_speculative_figure_does_not_keep_requests_plain():
+    """A runtime whose first speculative rounds ran in a slow moment (9 plain steps a round) switches its request
+    off, and its prior says speculation loses; once no speculative round has refreshed that figure for SPEC_STALE
+    rounds, the ratio is unknown again: a new request starts speculating and a plain request's shadow read probes."""
+    c = RoundCosts()
+    tree = TreeParams(2, 4, 8)
+    c.record(1, None, 0.001, 10)
+    g = Guard(GuardPolicy())
+    for x in (3, 1, 3):
+        c.record(1, tree, 0.009, 10)
+        c.note_tau(tree, x)
+        g.after(SPEC, x, c.ratio(1, tree))
+    assert g.mode == PLAIN and Guard(GuardPolicy(), prior=c.prior(tree)).start(c.ratio(1, tree)) == PLAIN
+    for _ in range(RoundCosts.SPEC_STALE):
+        c.record(1, None, 0.001, 10)
+    assert c.ratio(1, tree) is not None  # not yet
+    c.record(1, None, 0.001, 10)
+    assert c.ratio(1, tree) is None
+    assert Guard(GuardPolicy(), prior=c.prior(tree)).start(c.ratio(1, tree)) == SPEC
+    g.shadow(5, 8, 4, c.ratio(1, tree))  # a read that would not pay at 9 plain steps a round probes
+    assert g.mode == SPEC and g.probing
+    c.record(1, tree, 0.003, 10)  # the probe measures the figure afresh
+    assert c.ratio(1, tree) == pytest.approx(3.0)
 
 
 # ---- the runtime ------------------------------------------------------------------------------------------------
