@@ -130,8 +130,8 @@ def main() -> None:
               help="The top_k values to write a draft tree graph for, e.g. 1,2 [default: 1,2,3,4 and --top-k's; "
                    "values above --max-top-k are left out]. Each adds a small graph file and seconds to the export.")
 @click.option("--quantize", type=click.Choice(["none", "int4", "int8"]), default="none", show_default=True,
-              help="Weight-only block quantization of the target's MatMul weights (lm_head stays float unless "
-                   "--quantize-draft); ONNX Runtime runs it as MatMulNBits, TensorRT from DequantizeLinear "
+              help="Weight-only block quantization of the target's MatMul weights, its lm_head included (see "
+                   "--quantize-float-lm-head); ONNX Runtime runs it as MatMulNBits, TensorRT from DequantizeLinear "
                    "(symmetric only). tools/lab/results.md.")
 @click.option("--quantize-block-size", type=int, default=32, show_default=True,
               help="Rows of K sharing one scale (a power of 2 from 16 to 256).")
@@ -142,7 +142,11 @@ def main() -> None:
               help="ONNX Runtime's MatMulNBits accuracy level: 4 quantizes activations to int8 (its fast CPU "
                    "kernel), 0/1 compute in float.")
 @click.option("--quantize-draft", is_flag=True,
-              help="Also quantize the draft head's graph and the lm_heads of both graphs.")
+              help="Also quantize the draft graphs (their MatMuls and the lm_head they read).")
+@click.option("--quantize-lm-head/--quantize-float-lm-head", default=True, show_default=True,
+              help="Quantize the target's lm_head as its other MatMuls (onnxruntime-genai's int4 builder does too; "
+                   "a tied embedding keeps its float copy), or keep it float: at 128k-token vocabularies a float "
+                   "lm_head outweighs the quantized layers.")
 @click.option("--quantize-inexact-trees", is_flag=True,
               help="Keep a branching default tree (--top-k > 1) at an accuracy level that rounds activations: more "
                    "tokens per round, but EAGLE may then differ from plain decoding at near-ties (bench and validate "
@@ -160,8 +164,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, fused, draft_tree, draft_tree_top_k, quantize,
-               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_inexact_trees,
-               feature_layers,
+               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_lm_head,
+               quantize_inexact_trees, feature_layers,
                head_reading, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.checkpoint.hub import resolve_checkpoint
@@ -174,14 +178,15 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     tree_ks = None if draft_tree_top_k is None else tuple(_parse_ids(draft_tree_top_k, "--draft-tree-top-k"))
     if quantize == "none":
         given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric),
-                                ("--quantize-inexact-trees", quantize_inexact_trees)) if v]
+                                ("--quantize-inexact-trees", quantize_inexact_trees),
+                                ("--quantize-float-lm-head", not quantize_lm_head)) if v]
         if given:
             raise click.UsageError(f"{given[0]} needs --quantize int4 or int8")
         quant = None
     else:
         quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
                                 accuracy_level=quantize_accuracy_level, draft=quantize_draft,
-                                inexact_trees=quantize_inexact_trees)
+                                lm_head=quantize_lm_head, inexact_trees=quantize_inexact_trees)
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,

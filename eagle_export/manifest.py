@@ -184,7 +184,8 @@ class QuantizationInfo:
     which form each quantized graph holds: "nbits" (ONNX Runtime's MatMulNBits, at ``accuracy_level``) or "qdq"
     (DequantizeLinear -> MatMul, which TensorRT builds when symmetric and ONNX Runtime fuses into MatMulNBits at the
     session's ``session.qdq_matmulnbits_accuracy_level``, set to ``accuracy_level`` by the runtime). ``lm_head``:
-    the output projections are quantized too; ``draft``: the draft head's graph is. ``one_row_scratch``: the fused
+    the target's output projection is quantized too (a tied embedding keeps its float copy); ``draft``: the draft
+    graphs are, the lm_head they read included. ``one_row_scratch``: the fused
     target graph runs a call of one row of one sequence as two rows (export/graphs/fused.py ``pad_one_row_attention``),
     the second a scratch row written to the cache row after the call's, so that a plain decoding step computes its row
     exactly as a verify computes it."""

@@ -85,12 +85,29 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     size = {a: sum(f.stat().st_size for f in a.glob("*.data")) for a in (art, plain)}
     assert size[art] < 0.6 * size[plain], size
     assert m.draft_embedding.dtype == "float32" and m.draft_embedding.shared
-    # int8 asymmetric, target only: zero points, lm_head and the draft graph float
+    # int8 asymmetric, target only: zero points, the target's lm_head quantized (the default), the draft graphs
+    # float, the lm_head they read included
     q8 = load_manifest(int8[2]).quantization
-    assert (q8.bits, q8.symmetric, q8.draft, set(q8.graphs)) == (8, False, False,  # the tree graph stays float
-                                                                {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})
-    assert [n for n in _float_matmul_weights(int8[2] / f"{C.TARGET_GRAPH}.onnx") if "lm_head" not in n] == []
-    assert len(_float_matmul_weights(int8[2] / f"{C.DRAFT_GRAPH}.onnx")) >= 8
+    assert (q8.bits, q8.symmetric, q8.draft, q8.lm_head, set(q8.graphs)) == (
+        8, False, False, True, {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})  # the tree graphs stay float
+    assert q8.matmuls[C.TARGET_GRAPH] == 7 * layers + 1
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH):
+        assert _float_matmul_weights(int8[2] / f"{g}.onnx") == [], g
+    draft_float = _float_matmul_weights(int8[2] / f"{C.DRAFT_GRAPH}.onnx")
+    assert len(draft_float) >= 8 and any("lm_head" in n for n in draft_float)
+
+
+def test_float_lm_head_keeps_the_targets_lm_head_float(models):
+    """--quantize-float-lm-head: every projection of the target quantized but its lm_head, which stays a float
+    MatMul; the manifest says so."""
+    art = models(**SMALL, quantize=QuantizeOptions(bits=4, lm_head=False))[2]
+    q = load_manifest(art).quantization
+    layers = load_manifest(art).target.num_layers
+    assert (q.lm_head, q.draft) == (False, False)
+    assert q.matmuls[C.TARGET_GRAPH] == 7 * layers and q.matmuls[C.TARGET_FUSED_GRAPH] == 5 * layers
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH):
+        names = _float_matmul_weights(art / f"{g}.onnx")
+        assert len(names) == 1 and "lm_head" in names[0], (g, names)
 
 
 @pytest.mark.parametrize("which", ["int4", "int8"])
@@ -122,6 +139,7 @@ def test_bad_quantize_settings_fail_in_one_line(tiny, tmp_path):
              (["--quantize", "int4", "--quantize-accuracy-level", "5"], "--quantize-accuracy-level must be one of"),
              (["--quantize-draft"], "--quantize-draft needs --quantize int4 or int8"),
              (["--quantize-asymmetric"], "--quantize-asymmetric needs --quantize"),
+             (["--quantize-float-lm-head"], "--quantize-float-lm-head needs --quantize"),
              (["--quantize", "int4", "--dtype", "bf16"], "--quantize takes --dtype fp32 or fp16")]
     for i, (extra, msg) in enumerate(cases):
         res = runner.invoke(main, [*base, "--out", str(tmp_path / f"o{i}"), *extra])
@@ -168,6 +186,16 @@ def test_validate_quantized_artifact(int4):
     # A one-row call computes its row bit for bit as the first of a wider call does (the fused graph's padding).
     assert q.one_row_diff == 0.0 and "computes its row as a verify does (fused graph, bit for bit): yes" in \
         report.format()
+
+
+def test_validate_with_only_the_targets_lm_head_quantized(int8):
+    """int8, the target's lm_head quantized and the draft graphs float: the EAGLE-1/2 head reads the target's lm_head,
+    so its reference keeps a float copy of it (with the dequantized one the draft's rounds would differ from the
+    oracle's)."""
+    from eagle_export.tools.commands.validate import validate
+
+    report = validate(int8[2], prompts=2, max_new_tokens=10, threads=1)
+    assert report.passed, report.format()
 
 
 def test_drift_of_the_float_model_is_zero(models):
@@ -229,8 +257,9 @@ def _fold_concats_in_memory(model: onnx.ModelProto) -> None:
     g.initializer.extend(kept)
 
 
-@pytest.mark.parametrize("draft", [True, False], ids=["with-draft", "target-only"])
-def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
+@pytest.mark.parametrize("draft, lm_head", [(True, True), (False, True), (False, False)],
+                         ids=["with-draft", "target-only", "float-lm-head"])
+def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft, lm_head):
     """`export --quantize` streams each weight to its graph's new data file and re-points the float tensors a graph
     keeps at their new offsets (export/quantization/artifact.py). Every graph it leaves holds the same nodes and, tensor
     by tensor, the same bytes as the graph pass run in memory on the float graph (quantize_matmuls, the packed QKV
@@ -248,7 +277,7 @@ def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
     graphs = [g for g in (C.TARGET_GRAPH, C.DRAFT_GRAPH, C.TARGET_FUSED_GRAPH, *trees)
               if (work / f"{g}.onnx").is_file()]
     assert C.TARGET_FUSED_GRAPH in graphs and trees and set(trees) <= set(graphs)
-    quantize_artifact_graphs(work, QuantizeOptions(bits=4, draft=draft), graphs)
+    quantize_artifact_graphs(work, QuantizeOptions(bits=4, draft=draft, lm_head=lm_head), graphs)
     for g in graphs:
         ref = onnx.load(str(float_art / f"{g}.onnx"))  # with its data
         if draft or not (g == C.DRAFT_GRAPH or C.is_tree_graph(g)):
@@ -257,7 +286,8 @@ def test_streamed_pass_writes_the_graph_pass_tensors(models, tmp_path, draft):
             if C.is_tree_graph(g):
                 inline_identity_weights(ref)
             quantize_matmuls(ref, 4, 32, True, accuracy_level=4, form="qdq" if g in C.ENGINE_GRAPHS else "nbits",
-                             predicate=None if draft else skip_lm_head)
+                             predicate=skip_lm_head if g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH) and not lm_head
+                             else None)
             if g == C.TARGET_FUSED_GRAPH:
                 pad_one_row_attention(ref)
         got = onnx.load(str(work / f"{g}.onnx"))

@@ -55,13 +55,16 @@ DEFAULT_ACCURACY_LEVEL = 4
 @dataclass(frozen=True)
 class QuantizeOptions:
     """`export --quantize`'s settings: bits 4 or 8, block size along K, symmetric (no zero points), ONNX Runtime's
-    accuracy level for MatMulNBits, and whether the draft graph and the lm_heads are quantized too."""
+    accuracy level for MatMulNBits, whether the target's lm_head is quantized (``lm_head``, as onnxruntime-genai's
+    int4 builder does: at the Llama-3.2-1B shape a float lm_head is 262M weights read every step, more bytes than
+    the int4 decoder layers) and whether the draft graphs are (``draft``: their MatMuls and lm_head)."""
 
     bits: int
     block_size: int = DEFAULT_BLOCK_SIZE
     symmetric: bool = True
     accuracy_level: int = DEFAULT_ACCURACY_LEVEL
     draft: bool = False
+    lm_head: bool = True
     # Keep a branching default tree at an accuracy level that rounds the activations (``exact_default_tree``).
     inexact_trees: bool = False
 
@@ -245,6 +248,9 @@ def _repoint(path: Path, rewritten: dict[str, dict[int, int]]) -> None:
         onnx.save_model(model, str(path))
 
 
+TARGETS = (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH)
+
+
 def _not_lm_head(site: MatMulSite) -> bool:
     return "lm_head" not in site.node and "lm_head" not in site.weight
 
@@ -253,7 +259,7 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     """Quantize, in place, the graphs of an export directory (``graphs``: the names written there) as the module
     docstring says; returns the manifest's record of it."""
     options.check()
-    predicate = None if options.draft else _not_lm_head
+    target_predicate = None if options.lm_head else _not_lm_head
     forms: dict[str, str] = {}
     counts: dict[str, int] = {}
     # Standard graphs first: the fused target graph and the draft tree graph point at what they keep of those.
@@ -276,7 +282,8 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
                     if tree:
                         inline_identity_weights(g.model)
                     report = quantize_matmuls(g.model, options.bits, options.block_size, options.symmetric,
-                                              accuracy_level=options.accuracy_level, form=form, predicate=predicate,
+                                              accuracy_level=options.accuracy_level, form=form,
+                                              predicate=target_predicate if name in TARGETS else None,
                                               load=lambda t, g=g: g.load(files, t), store=g.store)
                     if not report.quantized and not tree:
                         raise QuantizeError(f"graph {name} has no MatMul by a weight initializer to quantize")
@@ -301,4 +308,4 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
             onnx.checker.check_model(str(directory / f"{name}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
-                            lm_head=options.draft, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch)
+                            lm_head=options.lm_head, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -117,9 +118,11 @@ def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
 @torch.no_grad()
 def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: QuantizationInfo, dtype: str) -> None:
     """Give the PyTorch reference, in place, the weights the artifact's graphs hold: each nn.Linear the export
-    quantized gets ``W'`` of its weight at the artifact's dtype (the decoder layers' projections; with
-    ``q.draft`` also both lm_heads and the draft head's). A tied lm_head is untied (the embedding stays float, as
-    in the artifact). Raises when the count differs from the manifest's (a model this rebuild does not cover)."""
+    quantized gets ``W'`` of its weight at the artifact's dtype (the decoder layers' projections; with ``q.lm_head``
+    the target's lm_head; with ``q.draft`` the draft head's, its lm_head included). A tied lm_head is untied (the
+    embedding stays float, as in the artifact); an EAGLE-1/2 head, which reads the target's lm_head, keeps a float
+    copy of it when only the target's is quantized (its graphs hold the float one). Raises when the count differs
+    from the manifest's (a model this rebuild does not cover)."""
     from eagle_export.dtypes import DTYPES
     from eagle_export.export.quantization.matmuls import quantize_weight
 
@@ -134,6 +137,8 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
                 np.ascontiguousarray(quantize_weight(k_n, q.bits, q.block_size, q.symmetric).dequantized.T))
         linear.weight = torch.nn.Parameter(done[id(linear)].to(w.dtype), requires_grad=False)
 
+    if q.lm_head and not q.draft and getattr(head, "lm_head", None) is lm.lm_head:
+        head.lm_head = copy.deepcopy(lm.lm_head)
     target = [lin for layer in lm.model.layers for lin in _linears(layer)] + ([lm.lm_head] if q.lm_head else [])
     want = q.matmuls.get(C.TARGET_GRAPH)
     if want is not None and len(target) != want:
