@@ -335,6 +335,11 @@ def test_bench_peer_bad_requests(gqa, monkeypatch, tmp_path):
         pog.resolve_target("/anything", tmp_path)
     with pytest.raises(pog.PeerError, match="the artifact's target source"):
         pog.resolve_target(str(tmp_path / "gone"), None)
+    (tmp_path / "config.json").write_text("{}")  # a model folder without a tokenizer: its builder would fail deep
+    with pytest.raises(pog.PeerError, match="has no tokenizer .*copy its tokenizer files there"):
+        pog.resolve_target(None, tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert pog.resolve_target(None, tmp_path) == tmp_path.resolve()
 
 
 # ---- the peer itself (only where onnxruntime-genai is installed: the `peers` extra, part of `test`) -----------

@@ -87,6 +87,9 @@ def cache_key(target_dir: Path, precision: str, version: str) -> str:
     return h.hexdigest()[:16]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # one of them: a tokenizer transformers loads
+
+
 def resolve_target(manifest_source: str | None, peer_target: str | Path | None) -> Path:
     """The Hugging Face folder to build the peer from: ``--peer-target`` when given, else the target the artifact was
     exported from (``manifest.target.source``). It must be a folder with a config.json: the build is offline."""
@@ -96,6 +99,11 @@ def resolve_target(manifest_source: str | None, peer_target: str | Path | None) 
         where = "--peer-target" if given else "the artifact's target source (manifest target.source)"
         raise PeerError(f"{where} {str(d) or '(none)'} is not a Hugging Face model folder with a config.json: "
                         "give the target's folder with --peer-target DIR (the peer is built offline from it)")
+    if not any((d / f).is_file() for f in TOKENIZER_FILES):
+        # Its builder loads the tokenizer to save it with the model, and fails deep in transformers without one.
+        raise PeerError(f"{d} has no tokenizer ({', '.join(TOKENIZER_FILES)}): onnxruntime-genai's builder needs the "
+                        "target's tokenizer; copy its tokenizer files there or give a folder with them as "
+                        "--peer-target DIR")
     return d.resolve()
 
 
