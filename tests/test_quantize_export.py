@@ -188,6 +188,29 @@ def test_validate_quantized_artifact(int4):
         report.format()
 
 
+def test_a_tied_lm_head_is_quantized_as_a_copy_of_the_embeddings_transpose(models):
+    """A tied target's lm_head is MatMul(x, Transpose(embed_tokens.weight)): the export quantizes a copy of the
+    transpose and drops the Transpose (ONNX Runtime would fold it into a second float copy), the embedding stays
+    float for the Gather and the draft's table, and validate passes against the dequantized copy; EAGLE stays
+    equal to the artifact's --no-draft."""
+    from eagle_export.tools.commands.validate import validate
+
+    art = models(**{**SMALL, "preset": "tied"}, quantize=QuantizeOptions(bits=4))[2]
+    m = load_manifest(art)
+    layers = m.target.num_layers
+    assert m.quantization.matmuls[C.TARGET_GRAPH] == 7 * layers + 1
+    assert m.quantization.matmuls[C.TARGET_FUSED_GRAPH] == 5 * layers + 1
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH):
+        model = onnx.load(str(art / f"{g}.onnx"), load_external_data=False)
+        readers = [n.op_type for n in model.graph.node if "embed_tokens.weight" in n.input]
+        assert readers == ["Gather"] and _float_matmul_weights(art / f"{g}.onnx") == [], (g, readers)
+        inits = {t.name: t for t in model.graph.initializer}
+        assert inits["embed_tokens.weight"].data_type == onnx.TensorProto.FLOAT
+    assert m.draft_embedding.dtype == "float32"
+    report = validate(art, prompts=2, max_new_tokens=10, threads=1)
+    assert report.passed, report.format()
+
+
 def test_validate_with_only_the_targets_lm_head_quantized(int8):
     """int8, the target's lm_head quantized and the draft graphs float: the EAGLE-1/2 head reads the target's lm_head,
     so its reference keeps a float copy of it (with the dequantized one the draft's rounds would differ from the

@@ -299,8 +299,11 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
                      base_dir: str | Path | None = None,
                      load: Callable[[TensorProto], np.ndarray] | None = None,
                      store: Callable[[TensorProto], None] | None = None) -> QuantizeReport:
-    """Replace, in place, every ``MatMul(x, W)`` of the main graph whose W is a 2-D fp32/fp16 initializer and that
-    ``predicate`` accepts (None: all) by its quantized form; returns what was done.
+    """Replace, in place, every ``MatMul(x, W)`` of the main graph whose W is a 2-D fp32/fp16 initializer, or the
+    ``Transpose`` (perm 1, 0) of one, and that ``predicate`` accepts (None: all) by its quantized form; returns what
+    was done. The transposed case is a tied lm_head (``MatMul(x, Transpose(embed_tokens.weight))``): its quantized
+    weight is a copy of the transpose, named ``<weight>_T...``; the embedding stays float for the Gather that reads it,
+    and the Transpose goes once nothing reads it (ONNX Runtime would otherwise fold it into a second float copy).
 
     - form "nbits": ``MatMulNBits(x, B, scales[, zero_points])`` with ``accuracy_level`` (ONNX Runtime only). The
       default 4 is ONNX Runtime's only fast CPU kernel (0 and 1 are slower than a float MatMul: tools/lab/results.md,
@@ -334,6 +337,11 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
         graph = model.graph
 
     inits = {t.name: t for t in graph.initializer}
+    # Transpose (perm 1, 0) outputs of 2-D float initializers: output name -> the initializer
+    transposed = {n.output[0]: inits[n.input[0]] for n in graph.node
+                  if n.op_type == "Transpose" and n.domain in ("", "ai.onnx") and n.input[0] in inits
+                  and len(inits[n.input[0]].dims) == 2 and inits[n.input[0]].data_type in FLOAT_TYPES
+                  and [list(a.ints) for a in n.attribute if a.name == "perm"] in ([[1, 0]], [])}
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
@@ -345,34 +353,51 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
     done: dict[str, dict[str, str]] = {}  # weight -> the new initializers' names, by role
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        w = inits.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
-        if w is None or len(w.dims) != 2 or w.data_type not in FLOAT_TYPES:
+        matmul = node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+        w = inits.get(node.input[1]) if matmul else None
+        t = transposed.get(node.input[1]) if matmul and w is None else None
+        if t is not None:  # the weight is t's transpose: [K, N] = t.dims reversed
+            site = MatMulSite(node.name, t.name, int(t.dims[1]), int(t.dims[0]))
+            key = f"{t.name}_T"
+        elif w is None or len(w.dims) != 2 or w.data_type not in FLOAT_TYPES:
             new_nodes.append(node)
             continue
-        site = MatMulSite(node.name, w.name, int(w.dims[0]), int(w.dims[1]))
+        else:
+            site = MatMulSite(node.name, w.name, int(w.dims[0]), int(w.dims[1]))
+            key = w.name
         if predicate is not None and not predicate(site):
             report.skipped.append(site)
             new_nodes.append(node)
             continue
-        readers[w.name] -= 1
-        if w.name not in done:
-            values = load(w) if load is not None else _load_weight(w, base_dir)
-            tensors = _quantized_tensors(values, bits, block_size, symmetric, w.name, form)
+        readers[node.input[1]] -= 1
+        if key not in done:
+            src = t if t is not None else w
+            values = load(src) if load is not None else _load_weight(src, base_dir)
+            if t is not None:
+                values = np.ascontiguousarray(values.T)
+            tensors = _quantized_tensors(values, bits, block_size, symmetric, key, form)
             del values
-            report.float_bytes += site.k * site.n * np.dtype(FLOAT_TYPES[w.data_type]).itemsize
-            report.quantized_bytes += sum(len(t.raw_data) for t in tensors.values())
-            for t in tensors.values():
+            report.float_bytes += site.k * site.n * np.dtype(FLOAT_TYPES[src.data_type]).itemsize
+            report.quantized_bytes += sum(len(q.raw_data) for q in tensors.values())
+            for q in tensors.values():
                 if store is not None:
-                    store(t)
-                graph.initializer.append(t)
-            done[w.name] = {role: t.name for role, t in tensors.items()}
+                    store(q)
+                graph.initializer.append(q)
+            done[key] = {role: q.name for role, q in tensors.items()}
             del tensors
         report.quantized.append(site)
-        new_nodes.extend(_replacement(node, site, done[w.name], bits, block_size, accuracy_level, form))
+        new_nodes.extend(_replacement(node, site, done[key], bits, block_size, accuracy_level, form))
 
+    # A Transpose nothing reads any more goes, and with it its read of the initializer.
+    gone = [n for n in new_nodes if n.op_type == "Transpose" and n.output[0] in transposed
+            and readers.get(n.output[0], 0) == 0]
+    for n in gone:
+        readers[n.input[0]] -= 1
+    new_nodes = [n for n in new_nodes if not any(n is g for g in gone)]
     del graph.node[:]
     graph.node.extend(new_nodes)
-    unused = {name for name in done if readers.get(name, 0) == 0}
+    quantized_sources = set(done) | {t.name for out, t in transposed.items() if f"{t.name}_T" in done}
+    unused = {name for name in quantized_sources if name in inits and readers.get(name, 0) == 0}
     kept = [t for t in graph.initializer if t.name not in unused]
     del graph.initializer[:]
     graph.initializer.extend(kept)
