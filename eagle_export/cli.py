@@ -162,7 +162,7 @@ def main() -> None:
                    "level, unchanged output, acceptance may drop. EOS ids are always kept [default: all tokens].")
 @click.option("--draft-vocab-corpus", type=click.Path(path_type=Path), default=None,
               help="UTF-8 text file whose token counts (the target's tokenizer) rank the tokens --draft-vocab keeps "
-                   "[default: token id order, the tokenizer's merge order; docs/cli.md].")
+                   "[default: the tokenizer's BPE merge order, else token id order; docs/cli.md].")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,

@@ -172,9 +172,9 @@ class TunedInfo:
         return cls(**d)
 
 
-#: How ``export --draft-vocab`` ranked the tokens it kept: by their count in a text corpus, or by token id (the
-#: tokenizer's own order, a frequency proxy: BPE numbers tokens in merge order, SentencePiece by score).
-DRAFT_VOCAB_RANKINGS = ("corpus", "token-id")
+#: How ``export --draft-vocab`` ranked the tokens it kept: by their count in a text corpus, or by a proxy from the
+#: tokenizer (the BPE merge that makes or first uses a token; else the token id: export/checkpoint/draft_vocab.py).
+DRAFT_VOCAB_RANKINGS = ("corpus", "merge-rank", "token-id")
 #: The artifact file listing the kept target ids (``DraftVocabInfo.file``).
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 

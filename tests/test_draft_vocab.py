@@ -121,6 +121,22 @@ def test_token_id_ranking_without_corpus():
     assert kept.tolist() == [5, 9, 300]
 
 
+def test_merge_rank_without_corpus():
+    """No corpus, a BPE tokenizer: tokens ranked by the first merge that makes or uses them (counted here from
+    tokenizer.json's merges), EOS first. Plain id order would keep the byte alphabet (ids 3-258), rare bytes too."""
+    model = json.loads((FIXTURE / "target" / "tokenizer.json").read_text())["model"]
+    vocab, merges = model["vocab"], model["merges"]
+    first: dict[int, int] = {}
+    for i, m in enumerate(merges):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        for tok in (a, b, a + b):
+            first.setdefault(vocab[tok], i)
+    want = sorted(sorted(range(2048), key=lambda t: (t != EOS, first.get(t, len(merges)), t))[:300])
+    kept, info = choose(300, torch.arange(2048), [EOS], None, FIXTURE / "target", 2048, progress=False)
+    assert info.ranking == "merge-rank" and kept.tolist() == want
+    assert vocab["ĠĠ"] in want and vocab["ł"] not in want  # a first merge in, a byte no merge uses (id 257) out
+
+
 def test_old_manifest_loads_and_a_bad_record_is_refused(pruned, trained, tmp_path):
     assert load_manifest(trained("eagle1")).draft_vocab is None  # made without --draft-vocab
     src = pruned("eagle1")

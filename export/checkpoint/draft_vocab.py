@@ -7,17 +7,23 @@ change, only acceptance can drop when the target's next token is not among them.
 
 Ranking (``rank``): EOS ids first (a draft that cannot propose EOS spends a round on every end of text), then by
 count in the corpus (``--draft-vocab-corpus``, tokenized with the target's tokenizer), ties and tokens the corpus
-never shows by ascending id. Without a corpus, by ascending id alone: byte-level BPE vocabularies number their
-tokens in merge order (the 256 bytes, then each merge's result in the order training found the pairs most frequent),
-and SentencePiece vocabularies by piece score, so a low id is a frequent token in the tokenizer's own training text.
-Added special tokens usually come last and are rarely drafted. The id order is a proxy; a corpus from the
-deployment's own traffic ranks better.
+never shows by ascending id. Without a corpus, a proxy from the tokenizer itself:
+
+- **merge rank** (a BPE ``tokenizer.json``: Llama 3, Qwen, GPT-2 style): BPE training merges the most frequent pair
+  first, so a token made by an early merge is a frequent one. A merged token ranks at the merge that makes it, a
+  base token (a byte or character of the alphabet) at the first merge that uses it; tokens no merge makes or uses
+  (added special tokens, bytes that never occur) come last. Not plain id order: byte-level BPE numbers its 256 bytes
+  first, most of which are rare (on the fixture, keeping the 256 lowest ids halved tau).
+- **token id** otherwise (SentencePiece numbers pieces by score; no tokenizer file): ascending id.
+
+Both are proxies for the tokenizer's training text; a corpus like the deployment's own traffic ranks better.
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,22 +145,52 @@ def count_corpus(path: str | Path, tokenizer_dir: Path, vocab: int, progress: bo
     return CorpusCounts(counts, Path(path).resolve(), hashlib.sha256(text.encode("utf-8")).hexdigest(), total)
 
 
-def rank(candidates: torch.Tensor, n: int, eos: list[int], counts: torch.Tensor | None) -> torch.Tensor:
+def merge_ranks(tokenizer_dir: Path | None, vocab: int) -> torch.Tensor | None:
+    """Per target id, the index of the first BPE merge that makes or uses the token (``vocab``-wide; never: the merge
+    count); None when there is no BPE ``tokenizer.json`` with merges (see the module docstring)."""
+    path = None if tokenizer_dir is None else Path(tokenizer_dir) / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    try:
+        model = json.loads(path.read_text()).get("model") or {}
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"--draft-vocab: cannot read {path} ({type(e).__name__}: {e})") from None
+    merges, ids = model.get("merges"), model.get("vocab")
+    if model.get("type") != "BPE" or not merges or not isinstance(ids, dict):
+        return None
+    never = len(merges)
+    ranks = [never] * vocab
+    for i, m in enumerate(merges):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        for tok in (a, b, a + b):
+            j = ids.get(tok)
+            if j is not None and 0 <= j < vocab and ranks[j] == never:
+                ranks[j] = i
+    return torch.tensor(ranks, dtype=torch.long)
+
+
+def rank(candidates: torch.Tensor, n: int, eos: list[int], counts: torch.Tensor | None,
+         order: torch.Tensor | None = None) -> torch.Tensor:
     """The ``n`` best of ``candidates`` (target ids: the head's vocabulary), ascending: EOS ids first, then by
-    ``counts`` (descending; None: not used), ties by ascending id (see the module docstring)."""
-    ids = candidates.to(torch.long).tolist()
+    ``counts`` (descending; None: not used), then by ``order`` (ascending, e.g. ``merge_ranks``; None: not used),
+    then by ascending id (see the module docstring)."""
+    cand = candidates.to(torch.long)
+    ids = cand.tolist()
     eos_set = set(eos)
-    c = [0] * len(ids) if counts is None else counts[candidates.to(torch.long)].tolist()
-    order = sorted(range(len(ids)), key=lambda j: (ids[j] not in eos_set, -c[j], ids[j]))
-    return torch.tensor(sorted(ids[j] for j in order[:n]), dtype=torch.long)
+    c = [0] * len(ids) if counts is None else counts[cand].tolist()
+    o = [0] * len(ids) if order is None else order[cand].tolist()
+    best = sorted(range(len(ids)), key=lambda j: (ids[j] not in eos_set, -c[j], o[j], ids[j]))
+    return torch.tensor(sorted(ids[j] for j in best[:n]), dtype=torch.long)
 
 
 def choose(n: int, candidates: torch.Tensor, eos: list[int], corpus: str | Path | None, tokenizer_dir: Path | None,
            vocab: int, progress: bool = True) -> tuple[torch.Tensor, DraftVocabInfo]:
     """The kept target ids (ascending) and the manifest's record of how they were chosen."""
     if corpus is None:
-        kept = rank(candidates, n, eos, None)
-        return kept, DraftVocabInfo(size=n, pruned_from=len(candidates), ranking="token-id")
+        merges = merge_ranks(tokenizer_dir, vocab)
+        kept = rank(candidates, n, eos, None, merges)
+        return kept, DraftVocabInfo(size=n, pruned_from=len(candidates),
+                                    ranking="token-id" if merges is None else "merge-rank")
     if tokenizer_dir is None:
         raise CheckpointError("--draft-vocab-corpus: the target has no tokenizer files to tokenize the corpus with")
     cc = count_corpus(corpus, tokenizer_dir, vocab, progress)
