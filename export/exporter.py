@@ -106,7 +106,7 @@ class ExportOptions:
     quantize: QuantizeOptions | None = None
     # Keep this many of the head's tokens in the draft's lm_head (export/checkpoint/draft_vocab.py); None: all.
     draft_vocab: int | None = None
-    # The text file whose token counts rank them (None: token id order).
+    # The text file whose token counts rank them (None: the tokenizer's BPE merge rank, else token id order).
     draft_vocab_corpus: Path | None = None
 
 
@@ -368,7 +368,7 @@ def _prune_draft(target: LoadedTarget, draft: LoadedDraft, options: ExportOption
         weight = sources[id(head.lm_head.weight)].load().to(dtype)
     prune_vocab(head, kept, weight)
     log.info("draft vocabulary: %d of %d tokens kept (ranked by %s)", n, draft.vocab_size,
-             info.corpus or "token id")
+             info.corpus or info.ranking)
     return dataclasses.replace(draft, vocab_size=n, d2t_identity=False), (kept, info)
 
 

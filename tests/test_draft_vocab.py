@@ -137,8 +137,8 @@ def test_merge_rank_without_corpus():
     assert vocab["ĠĠ"] in want and vocab["ł"] not in want  # a first merge in, a byte no merge uses (id 257) out
 
 
-def test_old_manifest_loads_and_a_bad_record_is_refused(pruned, trained, tmp_path):
-    assert load_manifest(trained("eagle1")).draft_vocab is None  # made without --draft-vocab
+def test_old_manifest_loads_and_a_bad_record_is_refused(pruned, models, tmp_path):
+    assert load_manifest(models("mha")[2]).draft_vocab is None  # made without --draft-vocab
     src = pruned("eagle1")
     m = load_manifest(src)
     assert m.to_dict()["draft_vocab"]["size"] == KEEP
