@@ -113,7 +113,7 @@ def kernel_split(path: Path, threads: int, feeds: dict, reps: int, prefix: Path)
     return lm / calls / 1e3, rest / calls / 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=32)
@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="split each graph's kernel time: lm_head and the rest")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="draft-vocab-bench-") as tmp:
         full, cut = Path(tmp) / "full" / "draft_step.onnx", Path(tmp) / "cut" / "draft_step.onnx"
         full.parent.mkdir()
