@@ -160,13 +160,20 @@ def main() -> None:
               help="How the head's config is read: auto = as the library that wrote it trained it, where the files "
                    "name the writer (ModelOpt's rope and first-layer norm, SpecForge 0.2.0's norm_output); config = "
                    "as written (the serving engines' reading); or one writer's reading forced (docs/formats.md).")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Keep only N tokens in the draft's lm_head (EAGLE-1/2: of the target's vocabulary; EAGLE-3: of "
+                   "the head's draft vocabulary), mapped back to target ids inside the draft graphs: a cheaper draft "
+                   "level, unchanged output, acceptance may drop. EOS ids are always kept [default: all tokens].")
+@click.option("--draft-vocab-corpus", type=click.Path(path_type=Path), default=None,
+              help="UTF-8 text file whose token counts (the target's tokenizer) rank the tokens --draft-vocab keeps "
+                   "[default: the tokenizer's BPE merge order, else token id order; docs/cli.md].")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, fused, draft_tree, draft_tree_top_k, quantize,
                quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_lm_head,
                quantize_inexact_trees, feature_layers,
-               head_reading, overwrite, quiet) -> None:
+               head_reading, draft_vocab, draft_vocab_corpus, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.checkpoint.hub import resolve_checkpoint
     from .export.exporter import ExportOptions, export_with_report
@@ -191,7 +198,8 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),
                          tree=TreeParams(top_k, depth, total_tokens), max_batch=max_batch, overwrite=overwrite,
                          fused=fused, draft_tree=draft_tree, draft_tree_top_k=tree_ks, feature_layers=layers,
-                         head_reading=head_reading, quantize=quant)
+                         head_reading=head_reading, quantize=quant, draft_vocab=draft_vocab,
+                         draft_vocab_corpus=draft_vocab_corpus)
     report = export_with_report(target_dir, draft_dir, out_dir, opts, progress=not quiet)
     click.echo(report.summary())
 

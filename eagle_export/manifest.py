@@ -172,6 +172,48 @@ class TunedInfo:
         return cls(**d)
 
 
+#: How ``export --draft-vocab`` ranked the tokens it kept: by their count in a text corpus, or by a proxy from the
+#: tokenizer (the BPE merge that makes or first uses a token; else the token id: export/checkpoint/draft_vocab.py).
+DRAFT_VOCAB_RANKINGS = ("corpus", "merge-rank", "token-id")
+#: The artifact file listing the kept target ids (``DraftVocabInfo.file``).
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+@dataclass
+class DraftVocabInfo:
+    """``export --draft-vocab N``: the draft's top-k runs over N target tokens instead of the head's whole vocabulary
+    (the target's for EAGLE-1/2, the head's ``draft_vocab_size`` for EAGLE-3), so one draft level computes N lm_head
+    rows, not all of them. The graphs map draft id i to target id ``ids[i]`` (EAGLE-3's d2t, applied inside the draft
+    graphs), so the runtime only ever sees target ids; the target still verifies every token, so output is unchanged
+    and only acceptance can drop.
+
+    ``file`` (in the artifact) holds ``{"target_ids": [...]}``: the kept ids, ascending (draft id order), EOS ids
+    always among them when the head has them. ``pruned_from``: the head's vocabulary before. ``ranking``: one of
+    ``DRAFT_VOCAB_RANKINGS``; for "corpus" the corpus file's path, SHA-256 and token count say what was counted."""
+
+    size: int
+    pruned_from: int
+    ranking: str
+    file: str = DRAFT_VOCAB_FILE
+    corpus: str | None = None
+    corpus_sha256: str | None = None
+    corpus_tokens: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DraftVocabInfo:
+        tokens = d.get("corpus_tokens")
+        return cls(size=int(d["size"]), pruned_from=int(d["pruned_from"]), ranking=str(d["ranking"]),
+                   file=str(d.get("file", DRAFT_VOCAB_FILE)), corpus=d.get("corpus"),
+                   corpus_sha256=d.get("corpus_sha256"), corpus_tokens=None if tokens is None else int(tokens))
+
+
+#: The manifest key of DraftVocabInfo (absent: the head's whole vocabulary; older manifests have none).
+DRAFT_VOCAB_KEY = "draft_vocab"
+
+
 QUANT_BITS = (4, 8)  # weight-only block quantization (export --quantize int4|int8; export/quantization/matmuls.py)
 QUANT_FORMS = ("nbits", "qdq")
 
@@ -246,6 +288,8 @@ class Manifest:
     # older manifests have none.
     files: dict[str, int] = field(default_factory=dict)
     quantization: QuantizationInfo | None = None  # set by `export --quantize`; None: float weights
+    # Set by `export --draft-vocab`; None: the draft ranks the head's whole vocabulary (older manifests have none).
+    draft_vocab: DraftVocabInfo | None = None
     schema_version: int = SCHEMA_VERSION
     contract_version: int = CONTRACT_VERSION
 
@@ -285,6 +329,7 @@ class Manifest:
             **({"batch_trees": self.batch_trees.to_list()} if self.batch_trees is not None else {}),
             **({"files": dict(self.files)} if self.files else {}),
             **({QUANTIZATION_KEY: self.quantization.to_dict()} if self.quantization is not None else {}),
+            **({DRAFT_VOCAB_KEY: self.draft_vocab.to_dict()} if self.draft_vocab is not None else {}),
         }
 
     def write(self, directory: Path) -> Path:
@@ -314,6 +359,8 @@ class Manifest:
             files={str(k): int(v) for k, v in (d.get("files") or {}).items()},
             quantization=(QuantizationInfo.from_dict(d[QUANTIZATION_KEY]) if d.get(QUANTIZATION_KEY) is not None
                           else None),
+            draft_vocab=(DraftVocabInfo.from_dict(d[DRAFT_VOCAB_KEY]) if d.get(DRAFT_VOCAB_KEY) is not None
+                         else None),
             schema_version=int(d["schema_version"]), contract_version=int(d["contract_version"]),
         )
 
@@ -415,9 +462,13 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
         if t.feature_dim != t.hidden_size:
             fail(f"variant 'eagle1' needs target.feature_dim == target.hidden_size ({t.hidden_size}), got "
                  f"{t.feature_dim}")
-        if d.vocab_size != t.vocab_size or not d.d2t_identity:
+        pruned = m.draft_vocab is not None
+        if (d.vocab_size != t.vocab_size or not d.d2t_identity) and not pruned:
             fail(f"variant 'eagle1' drafts over the target vocabulary ({t.vocab_size}), but draft.vocab_size is "
-                 f"{d.vocab_size} (d2t_identity {d.d2t_identity})")
+                 f"{d.vocab_size} (d2t_identity {d.d2t_identity}) and there is no {DRAFT_VOCAB_KEY} entry")
+        if pruned and m.draft_vocab.pruned_from != t.vocab_size:
+            fail(f"variant 'eagle1' prunes the target vocabulary ({t.vocab_size}), but {DRAFT_VOCAB_KEY}.pruned_from "
+                 f"is {m.draft_vocab.pruned_from}")
     else:
         layers = t.feature_layers
         if (not isinstance(layers, list) or not layers
@@ -432,6 +483,8 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
         if d.d2t_identity and d.vocab_size != t.vocab_size:
             fail(f"draft.d2t_identity is true but draft.vocab_size {d.vocab_size} != target.vocab_size "
                  f"{t.vocab_size}")
+    if m.draft_vocab is not None:
+        _check_draft_vocab(m, fail)
     if not isinstance(d.num_layers, int) or d.num_layers < 1:
         fail(f"draft.num_layers must be a positive integer, got {d.num_layers!r}")
     if d.feature_dim != t.feature_dim:
@@ -477,3 +530,42 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
     if m.files and e.offset + e.nbytes > m.files[e.file]:
         fail(f"draft_embedding ({e.nbytes} bytes at offset {e.offset}) runs past the end of {e.file} "
              f"({m.files[e.file]} bytes)")
+
+
+def _check_draft_vocab(m: Manifest, fail) -> None:
+    """The ``draft_vocab`` entry against the draft fields it sets: a pruned draft ranks ``size`` tokens through an
+    id map, fewer than it was pruned from, and says how it ranked them."""
+    v, d = m.draft_vocab, m.draft
+    if v.ranking not in DRAFT_VOCAB_RANKINGS:
+        fail(f"{DRAFT_VOCAB_KEY}.ranking {v.ranking!r} is not one of {', '.join(DRAFT_VOCAB_RANKINGS)}")
+    if v.size != d.vocab_size or d.d2t_identity:
+        fail(f"{DRAFT_VOCAB_KEY}.size {v.size} must equal draft.vocab_size {d.vocab_size}, with d2t_identity false "
+             f"(it is {d.d2t_identity})")
+    if not 1 <= v.size < v.pruned_from <= m.target.vocab_size:
+        fail(f"{DRAFT_VOCAB_KEY} keeps {v.size} of {v.pruned_from} tokens: needs 1 <= size < pruned_from <= "
+             f"target.vocab_size {m.target.vocab_size}")
+    if (v.ranking == "corpus") != (v.corpus is not None):
+        fail(f"{DRAFT_VOCAB_KEY}.corpus is {v.corpus!r} but the ranking is {v.ranking!r}")
+    if m.files and v.file not in m.files:
+        fail(f"{DRAFT_VOCAB_KEY}.file {v.file!r} is not one of the artifact's files")
+
+
+def read_draft_vocab(directory: str | Path, m: Manifest) -> list[int]:
+    """The target ids an ``export --draft-vocab`` artifact's draft ranks (draft id i is target id ``ids[i]``), read from
+    its ``draft_vocab`` file and checked: ``size`` distinct ascending ids inside the target vocabulary."""
+    v = m.draft_vocab
+    if v is None:
+        raise ManifestError(f"{directory}: the artifact was not exported with --draft-vocab")
+    path = Path(directory) / v.file
+    try:
+        ids = json.loads(path.read_text())["target_ids"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{path}: cannot read the kept draft vocabulary ({type(e).__name__}: {e}): re-export"
+                            ) from None
+    ok = (isinstance(ids, list) and len(ids) == v.size and all(isinstance(i, int) for i in ids)
+          and all(0 <= i < m.target.vocab_size for i in ids)
+          and all(a < b for a, b in zip(ids, ids[1:], strict=False)))
+    if not ok:
+        raise ManifestError(f"{path}: expected {v.size} distinct ascending target ids below {m.target.vocab_size}: "
+                            "re-export")
+    return ids

@@ -9,6 +9,7 @@ and publish the folder atomically (``export/data/out_dir.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ from eagle_export import __version__
 from eagle_export import contract as C
 from eagle_export.dtypes import EXPORT_DTYPES, torch_dtype
 from eagle_export.errors import CheckpointError, EagleExportError
+from eagle_export.export.checkpoint import draft_vocab as vocab
 from eagle_export.export.checkpoint.loaders import LoadedDraft, LoadedTarget, load_draft_head, load_target
 from eagle_export.export.data.embedding_table import locate_target_embedding, write_own_table
 from eagle_export.export.data.lean import (
@@ -47,7 +49,7 @@ from eagle_export.export.data.out_dir import (
 from eagle_export.export.data.shared_data import share_weights
 from eagle_export.export.graphs.draft_tree import DraftTree
 from eagle_export.export.graphs.fused import FusedTargetVerify, pack_qkv, rope_cache
-from eagle_export.export.graphs.heads import DraftStep
+from eagle_export.export.graphs.heads import DraftStep, prune_vocab
 from eagle_export.export.graphs.target import TargetVerify
 from eagle_export.export.plan import (
     ExportPlan,
@@ -62,7 +64,7 @@ from eagle_export.export.quantization.artifact import (
     exact_default_tree,
     quantize_artifact_graphs,
 )
-from eagle_export.manifest import MANIFEST_NAME, Manifest, QuantizationInfo, TableRef
+from eagle_export.manifest import MANIFEST_NAME, DraftVocabInfo, Manifest, QuantizationInfo, TableRef
 from eagle_export.progress import progress_bar, terminal_bars
 from eagle_export.tree_params import TreeLimits, TreeParams
 
@@ -102,6 +104,10 @@ class ExportOptions:
     head_reading: str = "auto"
     # Weight-only int4/int8 quantization of the MatMul weights (export/quantization/artifact.py); None: float weights.
     quantize: QuantizeOptions | None = None
+    # Keep this many of the head's tokens in the draft's lm_head (export/checkpoint/draft_vocab.py); None: all.
+    draft_vocab: int | None = None
+    # The text file whose token counts rank them (None: the tokenizer's BPE merge rank, else token id order).
+    draft_vocab_corpus: Path | None = None
 
 
 @dataclass
@@ -249,6 +255,7 @@ def export_with_report(target_dir: str | Path, draft_dir: str | Path, out_dir: s
         raise EagleExportError(f"--max-seq-len must be >= 2, got {options.max_seq_len}")
     if not isinstance(options.max_batch, int) or isinstance(options.max_batch, bool) or options.max_batch < 1:
         raise EagleExportError(f"--max-batch must be an integer >= 1, got {options.max_batch!r}")
+    vocab.check_options(options.draft_vocab, options.draft_vocab_corpus)  # before any checkpoint is read
     # One export per --out at a time (a second one fails at once); what dead exports left beside it goes.
     with parent_folders(out_dir), OutputLock(out_dir):
         remove_stale_partials(out_dir)
@@ -308,6 +315,8 @@ class _Loaded:
     seq: int
     sources: dict[int, Source] | None
     weights_bytes: int
+    # export --draft-vocab: the kept target ids (ascending: draft id order) and the manifest's record of them.
+    draft_vocab: tuple[torch.Tensor, DraftVocabInfo] | None = None
 
 
 def _load(target_dir, draft_dir, options: ExportOptions, dtype: torch.dtype, progress: bool, steps) -> _Loaded:
@@ -334,9 +343,33 @@ def _load(target_dir, draft_dir, options: ExportOptions, dtype: torch.dtype, pro
     target.model.to(dtype)
     draft.head.to(dtype)
     sources = _lean_sources(target, dtype) if lean else None  # after .to(dtype): it replaces cast buffers
+    pruned = None
+    if options.draft_vocab is not None:
+        steps.set_postfix_str("choosing the draft vocabulary")
+        draft, pruned = _prune_draft(target, draft, options, sources, dtype, progress)
     weights_bytes = _unique_param_bytes([target.model, draft.head], dtype)
     steps.update()
-    return _Loaded(target, draft, seq, sources, weights_bytes)
+    return _Loaded(target, draft, seq, sources, weights_bytes, pruned)
+
+
+def _prune_draft(target: LoadedTarget, draft: LoadedDraft, options: ExportOptions, sources: dict[int, Source] | None,
+                 dtype: torch.dtype, progress: bool) -> tuple[LoadedDraft, tuple[torch.Tensor, DraftVocabInfo]]:
+    """``--draft-vocab N``: rank the head's vocabulary, cut its lm_head to the N kept rows with the id map back to the
+    target's ids (export/checkpoint/draft_vocab.py, export/graphs/heads.py ``prune_vocab``)."""
+    n, head = options.draft_vocab, draft.head
+    vocab.check_size(n, draft.vocab_size, options.limits.max_top_k, draft.variant)
+    mapped = head.draft_to_target
+    candidates = torch.arange(draft.vocab_size) if mapped is None else mapped
+    tok_dir = target.path if target.tokenizer_files else None
+    kept, info = vocab.choose(n, candidates, target.eos_token_ids, options.draft_vocab_corpus, tok_dir,
+                              target.config.vocab_size, progress)
+    weight = None
+    if head.lm_head.weight.is_meta:  # lean path: the target's lm_head is read from the checkpoint
+        weight = sources[id(head.lm_head.weight)].load().to(dtype)
+    prune_vocab(head, kept, weight)
+    log.info("draft vocabulary: %d of %d tokens kept (ranked by %s)", n, draft.vocab_size,
+             info.corpus or info.ranking)
+    return dataclasses.replace(draft, vocab_size=n, d2t_identity=False), (kept, info)
 
 
 def _trace_graphs(plan: ExportPlan, loaded: _Loaded, options: ExportOptions, dtype: torch.dtype, tmp: Path, steps,
@@ -397,6 +430,10 @@ def _write_manifest(tmp: Path, plan: ExportPlan, loaded: _Loaded, options: Expor
     gen_cfg = target.path / "generation_config.json"
     if gen_cfg.is_file():
         shutil.copy2(gen_cfg, tmp / gen_cfg.name)
+    vocab_info = None
+    if loaded.draft_vocab is not None:
+        kept, vocab_info = loaded.draft_vocab
+        (tmp / vocab_info.file).write_text(json.dumps({"target_ids": kept.tolist()}) + "\n")
     manifest = Manifest(
         variant=loaded.draft.variant, dtype=plan.dtype_name, max_seq_len=plan.seq, tree_limits=options.limits,
         tree_defaults=options.tree, target=plan.target_info, draft=plan.draft_info,
@@ -406,6 +443,7 @@ def _write_manifest(tmp: Path, plan: ExportPlan, loaded: _Loaded, options: Expor
         versions=_versions(),
         files={f.name: f.stat().st_size for f in sorted(tmp.iterdir())},
         quantization=quantization,
+        draft_vocab=vocab_info,
     )
     manifest.write(tmp)
 

@@ -107,7 +107,8 @@ class EagleOracle:
 
     head: an ``Eagle1Head`` or an ``Eagle3Head`` (only its weights are used: the forward is written
     here). EAGLE-3: ``feature_layers`` are the target layers whose inputs make the features, and
-    ``d2t`` the checkpoint's offsets (target id = draft id + d2t[draft id]; None: identity).
+    ``d2t`` the checkpoint's offsets (target id = draft id + d2t[draft id]); None: the head's own map, which
+    ``prune_vocab`` sets for an ``export --draft-vocab`` artifact's head (either variant), else the identity.
     """
 
     def __init__(self, causal_lm: torch.nn.Module, head: torch.nn.Module, feature_layers: list[int] | None = None,
@@ -118,8 +119,9 @@ class EagleOracle:
         if self.variant == "eagle3" and not feature_layers:
             raise ValueError("an EAGLE-3 head needs the target's feature_layers")
         self.feature_layers = list(feature_layers) if self.variant == "eagle3" else None
-        self.draft_vocab = self.head.lm_head.out_features if self.variant == "eagle3" else causal_lm.config.vocab_size
-        self.to_target = None if d2t is None else torch.arange(len(d2t)) + d2t.to(torch.long)
+        self.draft_vocab = self.head.lm_head.out_features
+        own = getattr(head, "draft_to_target", None)
+        self.to_target = own if d2t is None else torch.arange(len(d2t)) + d2t.to(torch.long)
 
     @classmethod
     def load(cls, target_dir: str | Path, draft_dir: str | Path,

@@ -40,7 +40,8 @@ class Eagle1Head(nn.Module):
     The embedding and lm_head are the target's unless the checkpoint brings its own embedding.
     Options (``HeadOptions``): fc bias, q/k/v biases (Qwen2 heads), HASS norms (on the embedding and the
     feature before fc, and before lm_head), more than one layer (layers >= 1 are pre-norm Llama layers).
-    Draft vocabulary = target vocabulary, so ``map_ids`` is the identity.
+    Draft vocabulary = target vocabulary, so ``map_ids`` is the identity, unless ``prune_vocab`` cut the lm_head to
+    some target ids (``export --draft-vocab``): then draft id i is target id ``draft_to_target[i]``, as in EAGLE-3.
     """
 
     variant = "eagle1"
@@ -62,6 +63,7 @@ class Eagle1Head(nn.Module):
         self.embed_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.embed_norm else None
         self.hidden_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.hidden_fc_norm else None
         self.lm_head_layernorm = LlamaRMSNorm(hidden, eps=eps) if opts.lm_head_norm else None
+        self.draft_to_target = None  # set by prune_vocab
 
     def forward_hidden(self, input_embeds, features, hidden_in, position_ids, attention_mask, *past, rope=None):
         """Rows: features (target) then hidden_in (fed back); both go through fc with their token's embedding.
@@ -93,7 +95,10 @@ class Eagle1Head(nn.Module):
         return self.lm_head(hidden).float()
 
     def map_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
+        """Draft ids -> target ids: the identity, or the kept ids' map after ``prune_vocab``."""
+        if self.draft_to_target is None:
+            return ids
+        return self.draft_to_target[ids]
 
 
 class Eagle3Head(nn.Module):
@@ -184,6 +189,38 @@ class Eagle3Head(nn.Module):
         if self.draft_to_target is None:
             return ids
         return self.draft_to_target[ids]
+
+
+def prune_vocab(head: nn.Module, target_ids: torch.Tensor, lm_head_weight: torch.Tensor | None = None) -> None:
+    """Cut the head's lm_head to the rows of ``target_ids`` (ascending target ids, all in the head's vocabulary) and
+    map draft id i back to ``target_ids[i]`` (``export --draft-vocab``; the manifest's ``draft_vocab`` entry).
+
+    EAGLE-1/2: the rows are the target's lm_head rows (the head stops sharing the target's module, which stays whole
+    for the verify graph). EAGLE-3: the rows of the head's own lm_head whose draft ids map to those target ids.
+    ``lm_head_weight``: the full lm_head weight when the head's is on the meta device (the lean export reads it from
+    the checkpoint); default the head's own. Every draft graph is traced from this head, so pruning applies to the
+    step graph and the tree graphs alike, and their ``topk_ids`` stay target ids.
+    """
+    old = head.lm_head
+    weight = old.weight if lm_head_weight is None else lm_head_weight
+    target_ids = target_ids.to(torch.long)
+    current = head.draft_to_target
+    if current is None:
+        rows = target_ids
+    else:  # EAGLE-3 with a d2t: the draft ids whose target ids are kept
+        where = {int(t): i for i, t in enumerate(current.tolist())}
+        rows = torch.tensor([where[int(t)] for t in target_ids], dtype=torch.long)
+    lm = nn.Linear(old.in_features, len(rows), bias=old.bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        lm.weight.copy_(weight.detach()[rows])
+        if old.bias is not None:
+            lm.bias.copy_(old.bias.detach()[rows])
+    head.lm_head = lm.eval()
+    if "draft_to_target" in head._buffers:
+        del head._buffers["draft_to_target"]
+    elif hasattr(head, "draft_to_target"):
+        delattr(head, "draft_to_target")
+    head.register_buffer("draft_to_target", target_ids.clone(), persistent=False)
 
 
 class DraftStep(nn.Module):

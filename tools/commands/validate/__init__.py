@@ -24,6 +24,7 @@ See docs/validate.md for tolerances and how layers are located."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 import time
@@ -34,7 +35,7 @@ import torch
 
 from eagle_export import contract as C
 from eagle_export.errors import EagleExportError, ManifestError
-from eagle_export.manifest import Manifest, load_manifest
+from eagle_export.manifest import Manifest, load_manifest, read_draft_vocab
 
 from .cases import TIE_FACTOR, TIE_FLOOR, draft_cases, target_cases, tree_cases
 from .graphs import check_embedding, check_fused_graph, check_graph, make_runner_class
@@ -154,6 +155,14 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
             raise ManifestError(f"the checkpoints are not the ones this artifact was exported from: the artifact has "
                                 f"an eagle3 head but {sources['draft']} is an EAGLE-1/2 head") from None
         raise
+    if m.draft_vocab is not None:  # export --draft-vocab: the reference head keeps the artifact's tokens
+        from eagle_export.export.graphs.heads import prune_vocab
+
+        if against_library:
+            raise EagleExportError(f"{directory}: --against-library compares the head's whole vocabulary with its "
+                                   "writer's; this artifact was exported with --draft-vocab")
+        prune_vocab(d.head, torch.tensor(read_draft_vocab(directory, m)))
+        d = dataclasses.replace(d, vocab_size=m.draft_vocab.size, d2t_identity=False)
     _check_sources(m, tgt, d)
     head = d.head
     quant = own_rt = float_lm = None
@@ -228,7 +237,9 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
             rng.integers(0, vocab, int(rng.integers(1, max(2, min(24, m.max_seq_len - 1) + 1)))).tolist()
             for _ in range(prompts)]
         log(f"generating {len(plist)} prompts x {max_new_tokens} tokens (runtime, transformers, oracle)")
-        oracle = EagleOracle(tgt.model, head, d.feature_layers, d.ckpt.weights.get("d2t"))
+        # A pruned head carries its own map (prune_vocab); the checkpoint's d2t is its whole vocabulary's.
+        d2t = None if m.draft_vocab is not None else d.ckpt.weights.get("d2t")
+        oracle = EagleOracle(tgt.model, head, d.feature_layers, d2t)
         greedy, eagle = end_to_end(rt, oracle, tgt.model, m, plist, max_new_tokens, tie_gap, log)
         if quant is not None:
             from .quant import check_lossless, check_one_row, measure_drift
