@@ -14,10 +14,11 @@ wider trees do not, and keep their pre-packed copies.
 
 ``SharedWeights`` maps each data file once (read-only, the page cache's pages) and hands every sharing session the
 same ``OrtValue`` per stored tensor, keyed by (file, offset, length, type, shape) whatever the graph names it. A
-tree graph also reads some weights through a ``Transpose`` (the layout the step graph stores them in is the other
-one), which ONNX Runtime would fold into a new initializer in every session: ``prepare`` replaces each such
-``Transpose`` by one shared value, the stored tensor whose bytes are the transposed ones where the artifact has it,
-else one copy made here for all sessions.
+tree graph also computes some weights from stored ones (a lean export's reads ``fc`` through a ``Transpose``, the step
+graph's layout being the other one, and makes q, k and v one matrix with ``Reshape``, ``Concat`` and ``Transpose``),
+which ONNX Runtime would fold into new initializers in every session (and the folding's scratch stays in its
+allocator): ``prepare`` computes each once for all sessions, and where the artifact stores exactly those bytes it is
+that stored tensor.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class SharedWeights:
                 self._stored[key[3], key[4]].append(key)
 
     def prepare(self, model: onnx.ModelProto) -> tuple[dict[str, ort.OrtValue], bool]:
-        """The shared values ``model``'s session takes (initializer name -> value), after replacing each
-        ``Transpose`` of a stored matrix by a shared value (in place). Returns them and whether ``model`` changed."""
+        """The shared values ``model``'s session takes (initializer name -> value), after taking out of ``model``
+        (in place) what ONNX Runtime would fold per session (``_fold``). Returns them and whether ``model`` changed."""
         self.index(model)
         out = self._fold(model)
         changed = bool(out)
@@ -78,6 +79,8 @@ class SharedWeights:
         graph's q, k and v as one matrix, a matrix in the other layout) by shared values, computed once for every
         session; in place. Returns the values by name (each a node output, now an initializer of the graph)."""
         g = model.graph
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+            return {}  # a subgraph may read a folded value: not looked into, left to ONNX Runtime
         inits = {t.name: t for t in g.initializer}
         outputs = {o.name for o in g.output}
         plan: dict[str, tuple] = {}  # folded output -> (key, node)
@@ -110,7 +113,7 @@ class SharedWeights:
             plan[node.output[0]] = (("fold", node.op_type, attrs, *keys), node)
         if not plan:
             return {}
-        used = {x for node in g.node if node.output[0] not in plan for x in node.input} | outputs
+        used = {x for node in g.node if not (node.output and node.output[0] in plan) for x in node.input} | outputs
         wanted = [name for name in plan if name in used]
         made: dict[str, ort.OrtValue] = {}
         for name in wanted:
@@ -124,7 +127,7 @@ class SharedWeights:
             if holder is None:
                 return {}
             holders.append(holder)
-        keep = [node for node in g.node if node.output[0] not in plan]
+        keep = [node for node in g.node if not (node.output and node.output[0] in plan)]
         del g.node[:]
         g.node.extend(keep)
         needed = {x for node in keep for x in node.input} | outputs
@@ -144,7 +147,7 @@ class SharedWeights:
         if arr is None:
             return None
         value = None
-        for other in self._stored.get((_ONNX[arr.dtype.type], arr.shape), []):
+        for other in self._stored.get((_ONNX.get(arr.dtype.type), arr.shape), []):
             cand = self._array(other)
             if cand is not None and np.array_equal(cand, arr):
                 value = self._value(other)
