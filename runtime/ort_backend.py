@@ -17,6 +17,7 @@ from eagle_export.errors import ManifestError
 from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
+from .shared_weights import SHARED_CONFIG, SharedWeights
 from .views import BufferView, view_of
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ SPIN_POLICIES = ("off", "run", "on")
 # 0.77x), the draft's never (EAGLE 1.53x the peer either way, within noise; measured side by side, docs/runtime.md).
 DEFAULT_PHASES = {"target": "run", "draft": "off"}
 DEFAULT_SPIN = ",".join(f"{k}={v}" for k, v in DEFAULT_PHASES.items())
-# Draft tree graph sessions (each a top_k's graph cut to a depth) kept open at once: each holds its own copy of the
-# draft head's weights, so a runtime that meets many trees (tune, requests with trees of their own) reopens them.
+# Draft tree graph sessions (each a top_k's graph cut to a depth) kept open at once: each but a chain's holds its own
+# copy of the draft head's weights (``shares_draft_weights``), and each costs its open time, so a runtime that meets
+# many trees (tune, requests with trees of their own) reopens them.
 TREE_SESSIONS = 2
 
 
@@ -88,6 +90,24 @@ def runtime_session_config(manifest: Manifest | None, graph: str) -> dict[str, s
     return config
 
 
+def shares_draft_weights(manifest: Manifest, device: str) -> bool:
+    """Whether the chain tree graphs' sessions compute from one shared copy of their weights, pre-packing off
+    (``runtime/shared_weights.py``; ``shared_session``): a float32 artifact on the CPU provider whose draft graphs are
+    not quantized. A quantized draft's weights become MatMulNBits, whose kernel needs its pre-packed form; float16
+    weights are widened to float32 per session anyway; the CUDA provider copies weights to the device."""
+    q = manifest.quantization
+    return device == "cpu" and manifest.dtype == "float32" and (q is None or not q.draft)
+
+
+def shared_session(name: str) -> bool:
+    """Whether graph call ``name`` runs on the shared weights (where ``shares_draft_weights``): a chain's tree graph
+    (top_k 1), whose levels are one row each, where MLAS reads a weight as stored no slower than pre-packed. The
+    step graph and wider trees run 2 to 64 rows a call, 1.4-2.4x slower without pre-packing: they keep their own
+    pre-packed copies (docs/runtime.md, "Draft weights in memory")."""
+    call = C.parse_tree_call(name)
+    return call is not None and call[0] == 1
+
+
 def session_options(threads: int | None, spin: str = "off",
                     config: dict[str, str] | None = None) -> ort.SessionOptions:
     """The runtime's ONNX Runtime session options: full graph optimisation, ``threads`` intra-op threads, a spin
@@ -111,10 +131,14 @@ class OrtGraph:
     """One graph, one session, one IO binding reused for every call."""
 
     def __init__(self, path: Path, providers: list[str], threads: int | None = None, spin: str = "off",
-                 config: dict[str, str] | None = None, model: bytes | None = None):
+                 config: dict[str, str] | None = None, model: bytes | None = None,
+                 initializers: dict[str, ort.OrtValue] | None = None):
         """path: the graph file; model: the graph as bytes instead (a draft tree graph cut to fewer levels), its
-        external data read from path's folder."""
+        external data read from path's folder. initializers: values the session takes instead of the graph's own
+        (shared with other sessions: the caller keeps them alive as long as this session)."""
         opts = session_options(threads, spin, config)
+        for name, value in (initializers or {}).items():
+            opts.add_initializer(name, value)
         if model is not None:
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         try:
@@ -247,20 +271,36 @@ class OrtBackend:
         self.spin = spin
         self._directory, self._manifest, self._providers, self._threads = Path(directory), manifest, providers, threads
         self._policy = parse_spin(spin)
+        # One copy of the draft weights for the sessions that share it (``shared_session``; None: none do).
+        self.shared = None
+        if self.tree_graphs.get(1) and shares_draft_weights(manifest, self.device):
+            import onnx
+
+            self.shared = SharedWeights(directory)
+            # The step graph stores in the other layout the matrices a tree graph reads through a Transpose.
+            self.shared.index(onnx.load(str(self._directory / manifest.graphs[C.DRAFT_GRAPH].file),
+                                        load_external_data=False))
         self.graphs = {name: self._open(name) for name in (self.target_graph, C.DRAFT_GRAPH)}
         self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
         tree = manifest.tree_defaults  # the default tree's call opens now: its first round pays no session load
         if tree.top_k in self.tree_graphs and 1 <= tree.depth <= self.tree_graphs[tree.top_k][1]:
             self._open_tree(C.tree_call(tree.top_k, tree.depth))
 
-    def _open(self, name: str, base: str | None = None, model: bytes | None = None) -> OrtGraph:
-        """A session for graph ``name`` (``base``'s file, as bytes ``model`` when given), checked against the
-        manifest's spec of ``base``."""
+    def _open(self, name: str, base: str | None = None, proto=None, changed: bool = False) -> OrtGraph:
+        """A session for graph ``name`` (``base``'s file; ``proto``: the graph without its weights, when read, and
+        loaded from it when ``changed``: a tree graph cut to fewer levels), checked against the manifest's spec of
+        ``base``. A chain's tree graph takes the shared weights where the runtime shares them."""
         base = base or name
         g = self._manifest.graphs[base]
-        session = OrtGraph(self._directory / g.file, self._providers, self._threads,
-                           self._policy["target" if name == self.target_graph else "draft"],
-                           runtime_session_config(self._manifest, base), model)
+        role = "target" if name == self.target_graph else "draft"
+        config, initializers = runtime_session_config(self._manifest, base), None
+        if self.shared is not None and shared_session(name):
+            initializers, rewritten = self.shared.prepare(proto)
+            changed = changed or rewritten
+            config.update(SHARED_CONFIG)
+        model = proto.SerializeToString() if changed else None
+        session = OrtGraph(self._directory / g.file, self._providers, self._threads, self._policy[role], config, model,
+                           initializers)
         if set(g.spec.input_names) != session.input_names or set(g.spec.output_names) != session.output_names:
             raise ManifestError(
                 f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
@@ -271,24 +311,24 @@ class OrtBackend:
 
     def _open_tree(self, call: str) -> OrtGraph:
         """The session of a tree call (``C.tree_call``): the top_k's graph cut to the call's depth. At most
-        ``TREE_SESSIONS`` stay open (each holds its own copy of the head's weights); the oldest other goes."""
+        ``TREE_SESSIONS`` stay open; the oldest other goes."""
         parsed = C.parse_tree_call(call)
         if parsed is None or parsed[0] not in self.tree_graphs:
             raise KeyError(f"no draft tree graph for {call!r}")
         (k, depth), (base, most) = parsed, self.tree_graphs[parsed[0]]
         if not 1 <= depth <= most:
             raise KeyError(f"the draft tree graph for top_k {k} grows {most} levels, not {depth}")
-        model = None
-        if depth < most:
+        proto = None
+        if depth < most or (self.shared is not None and shared_session(call)):
             import onnx
 
             from .tree_graph import cut
 
             proto = onnx.load(str(self._directory / self._manifest.graphs[base].file), load_external_data=False)
-            model = cut(proto, k, depth, most).SerializeToString()
+            cut(proto, k, depth, most)
         while len(self._tree_calls) >= TREE_SESSIONS:
             del self.graphs[self._tree_calls.pop(0)]
-        session = self.graphs[call] = self._open(call, base, model)
+        session = self.graphs[call] = self._open(call, base, proto, depth < most)
         self._tree_calls.append(call)
         return session
 
