@@ -274,12 +274,10 @@ class OrtBackend:
         # One copy of the draft weights for the sessions that share it (``shared_session``; None: none do).
         self.shared = None
         if self.tree_graphs.get(1) and shares_draft_weights(manifest, self.device):
-            import onnx
 
             self.shared = SharedWeights(directory)
             # The step graph stores in the other layout the matrices a tree graph reads through a Transpose.
-            self.shared.index(onnx.load(str(self._directory / manifest.graphs[C.DRAFT_GRAPH].file),
-                                        load_external_data=False))
+            self.shared.index(_load_structure(self._directory / manifest.graphs[C.DRAFT_GRAPH].file))
         self.graphs = {name: self._open(name) for name in (self.target_graph, C.DRAFT_GRAPH)}
         self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
         tree = manifest.tree_defaults  # the default tree's call opens now: its first round pays no session load
@@ -320,11 +318,10 @@ class OrtBackend:
             raise KeyError(f"the draft tree graph for top_k {k} grows {most} levels, not {depth}")
         proto = None
         if depth < most or (self.shared is not None and shared_session(call)):
-            import onnx
 
             from .tree_graph import cut
 
-            proto = onnx.load(str(self._directory / self._manifest.graphs[base].file), load_external_data=False)
+            proto = _load_structure(self._directory / self._manifest.graphs[base].file)
             cut(proto, k, depth, most)
         while len(self._tree_calls) >= TREE_SESSIONS:
             del self.graphs[self._tree_calls.pop(0)]
@@ -351,6 +348,17 @@ class OrtBackend:
 
     def synchronize(self) -> None:
         """Nothing to wait for: ``run`` returns when the graph has run."""
+
+
+def _load_structure(path: Path):
+    """A graph file without its weights; a corrupt or truncated one is a ManifestError, as a session's load is."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except (DecodeError, OSError, ValueError) as e:
+        raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): {e}") from e
 
 
 def _check_types_and_dims(file: str, spec, session) -> None:

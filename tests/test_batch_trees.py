@@ -205,7 +205,8 @@ def test_tune_writes_the_table_and_bench_reports_it(models, tmp_path):
     for row in report.batch:
         assert sorted(c.tree.total_tokens for c in row.candidates) == [1, 2]  # the ladder: one tree per size
         best = max(row.candidates, key=lambda c: c.speedup)
-        assert row.choice.tree == (best.tree if best.speedup >= 1 else None)
+        # a size drafts only where its best tree beats plain decoding by the margin (tune --min-speedup)
+        assert row.choice.tree == (best.tree if best.speedup >= row.min_speedup else None)
     write_winner(art, report)
     table = load_manifest(art).batch_trees
     assert table == report.batch_table and [r.active for r in table.rows] == [1, 2, 4]

@@ -1,0 +1,76 @@
+"""Plain greedy decoding of quantized artifacts side by side with onnxruntime-genai's model of the same checkpoint.
+
+    python tools/lab/step_vs_peer.py ARTIFACT [ARTIFACT ...] --peer-dir DIR [--tokens 16] [--rounds 7] [--threads 2]
+
+DIR is a model onnxruntime-genai's builder made (``bench --peer`` keeps one under ``ARTIFACT/peers``, or
+``--peer-cache``). Each decoder generates --tokens tokens from the same 12-id prompt (EOS ignored), in an order
+rotated every round with a 50 ms pause after each run (the peer's threads spin on); per-token wall and process-CPU
+times, medians over the rounds, and each decoder's ratio to the peer. At 60 ms a step the prompt's prefill and the
+host work are a few percent: this compares the one-token steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifacts", nargs="+", type=Path)
+    ap.add_argument("--peer-dir", type=Path, required=True)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+
+    import onnxruntime_genai as og
+
+    from eagle_export.runtime import EagleRuntime
+
+    cfg_path = a.peer_dir / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"]["session_options"]["intra_op_num_threads"] = a.threads
+    vocab = int(cfg["model"]["vocab_size"])
+    cfg["model"]["eos_token_id"] = vocab - 1  # an id a 16-token run from this prompt does not reach: EOS ignored
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    prompt = [(7 * i + 3) % (vocab - 1) for i in range(12)]
+    model = og.Model(str(a.peer_dir))
+
+    def peer() -> None:
+        p = og.GeneratorParams(model)
+        p.set_search_options(do_sample=False, max_length=len(prompt) + a.tokens)
+        g = og.Generator(model, p)
+        g.append_tokens(prompt)
+        while not g.is_done():
+            g.generate_next_token()
+
+    def ours(rt):
+        return lambda: rt.generate(prompt_ids=prompt, max_new_tokens=a.tokens, use_draft=False, stop_on_eos=False)
+
+    runs = {str(p): ours(EagleRuntime.open(p, threads=a.threads, guard=False)) for p in a.artifacts}
+    runs["onnxruntime-genai"] = peer
+    for f in runs.values():
+        f()  # warm
+    names = list(runs)
+    wall: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(a.rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            runs[k]()
+            wall[k].append((time.perf_counter() - t0) / a.tokens)
+            cpu[k].append((time.process_time() - c0) / a.tokens)
+            time.sleep(0.05)
+    ref = statistics.median(wall["onnxruntime-genai"])
+    for k in names:
+        w, c = statistics.median(wall[k]), statistics.median(cpu[k])
+        print(f"{k}: {w * 1e3:.1f} ms/token wall ({w / ref:.2f}x the peer), {c * 1e3:.1f} ms CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
