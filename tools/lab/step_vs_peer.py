@@ -1,6 +1,7 @@
 """Plain greedy decoding of quantized artifacts side by side with onnxruntime-genai's model of the same checkpoint.
 
     python tools/lab/step_vs_peer.py ARTIFACT [ARTIFACT ...] --peer-dir DIR [--tokens 16] [--rounds 7] [--threads 2]
+        [--spin "target=run,draft=off;on"]
 
 DIR is a model onnxruntime-genai's builder made (``bench --peer`` keeps one under ``ARTIFACT/peers``, or
 ``--peer-cache``). Each decoder generates --tokens tokens from the same 12-id prompt (EOS ignored), in an order
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spin", default="target=run,draft=off",
+                    help="our runtimes' spin policies, ';'-separated (each artifact with each). A runtime with 'on' "
+                         "keeps its threads spinning after its calls, and the runs after it (the peer's too) slow "
+                         "down: compare such a run with the others only where its neighbours are unchanged")
     a = ap.parse_args(argv)
 
     import onnxruntime_genai as og
@@ -51,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     def ours(rt):
         return lambda: rt.generate(prompt_ids=prompt, max_new_tokens=a.tokens, use_draft=False, stop_on_eos=False)
 
-    runs = {str(p): ours(EagleRuntime.open(p, threads=a.threads, guard=False)) for p in a.artifacts}
+    runs = {f"{p} (spin {s})": ours(EagleRuntime.open(p, threads=a.threads, guard=False, spin=s))
+            for p in a.artifacts for s in a.spin.split(";")}
     runs["onnxruntime-genai"] = peer
     for f in runs.values():
         f()  # warm
