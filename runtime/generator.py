@@ -167,7 +167,8 @@ class Slot:
     guard: Guard | None = None  # the speculation guard of a drafting request (None: off)
     guarded: bool = False  # this round's mode came from the guard (the request could draft this round)
     leaving: bool = False  # the guard turned speculation off after this round: its tokens go to the lag rows
-    prior: tuple[float, float] | None = None  # the runtime's running tau for the request's tree (the guard's start)
+    # the runtime's running tau for the request's tree (RoundCosts.prior: tau, variance, rounds; the guard's start)
+    prior: tuple[float, float, float] | None = None
 
     def __post_init__(self) -> None:
         self.base = self.req.tree  # the tree this slot drafts with when it drafts (a per-batch row may change it)

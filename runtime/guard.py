@@ -32,6 +32,7 @@ both kinds of round (runtime/accept.py), so the same seed gives the same tokens.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from eagle_export.errors import GenerationError
@@ -246,9 +247,7 @@ class _Recent:
 
     @property
     def value(self) -> float:
-        t = sorted(self.times)
-        n = len(t)
-        return t[n // 2] if n % 2 else (t[n // 2 - 1] + t[n // 2]) / 2
+        return statistics.median(self.times)
 
 
 class RoundCosts:

@@ -389,14 +389,14 @@ def quantize_matmuls(model: onnx.ModelProto, bits: int = 4, block_size: int = 32
         new_nodes.extend(_replacement(node, site, done[key], bits, block_size, accuracy_level, form))
 
     # A Transpose nothing reads any more goes, and with it its read of the initializer.
-    gone = [n for n in new_nodes if n.op_type == "Transpose" and n.output[0] in transposed
-            and readers.get(n.output[0], 0) == 0]
-    for n in gone:
-        readers[n.input[0]] -= 1
-    new_nodes = [n for n in new_nodes if not any(n is g for g in gone)]
+    gone = {id(n) for n in new_nodes if n.op_type == "Transpose" and n.output[0] in transposed
+            and readers.get(n.output[0], 0) == 0}
+    for n in new_nodes:
+        if id(n) in gone:
+            readers[n.input[0]] -= 1
     del graph.node[:]
-    graph.node.extend(new_nodes)
-    quantized_sources = set(done) | {t.name for out, t in transposed.items() if f"{t.name}_T" in done}
+    graph.node.extend(n for n in new_nodes if id(n) not in gone)
+    quantized_sources = set(done) | {t.name for t in transposed.values() if f"{t.name}_T" in done}
     unused = {name for name in quantized_sources if name in inits and readers.get(name, 0) == 0}
     kept = [t for t in graph.initializer if t.name not in unused]
     del graph.initializer[:]
