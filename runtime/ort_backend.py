@@ -274,7 +274,6 @@ class OrtBackend:
         # One copy of the draft weights for the sessions that share it (``shared_session``; None: none do).
         self.shared = None
         if self.tree_graphs.get(1) and shares_draft_weights(manifest, self.device):
-
             self.shared = SharedWeights(directory)
             # The step graph stores in the other layout the matrices a tree graph reads through a Transpose.
             self.shared.index(_load_structure(self._directory / manifest.graphs[C.DRAFT_GRAPH].file))
@@ -318,7 +317,6 @@ class OrtBackend:
             raise KeyError(f"the draft tree graph for top_k {k} grows {most} levels, not {depth}")
         proto = None
         if depth < most or (self.shared is not None and shared_session(call)):
-
             from .tree_graph import cut
 
             proto = _load_structure(self._directory / self._manifest.graphs[base].file)
