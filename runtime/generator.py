@@ -577,6 +577,11 @@ class Generator:
         prompt, n = s.req.prompt, len(s.req.prompt)
         base_t, base_d = j * self.tplan.stride, j * self.dplan.stride
         use_draft = s.req.tree is not None
+        # Every chunk's context pass through the tree graph where the request's tree has one (the last one grows the
+        # first round's tree in the same call; the others' trees go unread): it computes the MLP and the top-k of the
+        # last row only, and a runtime whose requests draft well never opens the step graph (ort_backend). Not for a
+        # request the guard starts with plain rounds: its draft needs the step graph's context rows.
+        tree = use_draft and self._tree_fits(s) and not (s.guard is not None and s.guard.mode == PLAIN)
         for st in range(0, n, self.chunk):
             e = min(n, st + self.chunk)
             c, last = e - st, e == n
@@ -595,9 +600,6 @@ class Generator:
                 self._ids.array[:c] = nxt
                 self._pos.array[:c] = self._arange[:c] + st
                 self._causal(c, st)
-                # the last chunk's context pass grows the first round's tree in the same call (not for a request the
-                # guard starts with plain rounds: its draft needs the context rows only)
-                tree = last and self._tree_fits(s) and not (s.guard is not None and s.guard.mode == PLAIN)
                 if tree:
                     self._last_row.array[0] = c - 1
                     self._run_tree(1, c, st, s.k, s.depth, base_d)

@@ -277,11 +277,17 @@ class OrtBackend:
             self.shared = SharedWeights(directory)
             # The step graph stores in the other layout the matrices a tree graph reads through a Transpose.
             self.shared.index(_load_structure(self._directory / manifest.graphs[C.DRAFT_GRAPH].file))
-        self.graphs = {name: self._open(name) for name in (self.target_graph, C.DRAFT_GRAPH)}
+        self.graphs = {self.target_graph: self._open(self.target_graph)}
         self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
         tree = manifest.tree_defaults  # the default tree's call opens now: its first round pays no session load
         if tree.top_k in self.tree_graphs and 1 <= tree.depth <= self.tree_graphs[tree.top_k][1]:
             self._open_tree(C.tree_call(tree.top_k, tree.depth))
+            # The step graph opens when first run: where the default tree has a tree graph, a request that drafts
+            # well never runs it (the tree graph makes the prompt's draft context too), and its session would hold
+            # a pre-packed copy of the head (docs/runtime.md, "Draft weights in memory"). Its file is checked now.
+            _check_graph_file(self._directory, manifest.graphs[C.DRAFT_GRAPH])
+        else:
+            self.graphs[C.DRAFT_GRAPH] = self._open(C.DRAFT_GRAPH)
 
     def _open(self, name: str, base: str | None = None, proto=None, changed: bool = False) -> OrtGraph:
         """A session for graph ``name`` (``base``'s file; ``proto``: the graph without its weights, when read, and
@@ -334,10 +340,16 @@ class OrtBackend:
     def check_tree(self, tree: TreeParams) -> None:
         """Any tree within the artifact's limits runs (the graphs' axes are dynamic)."""
 
+    def graph(self, name: str) -> OrtGraph:
+        """The session of graph call ``name``, opened now if it is not open: the step graph before its first call,
+        or a draft tree graph cut to a depth not run yet."""
+        g = self.graphs.get(name)
+        if g is None:
+            g = self.graphs[name] = self._open(name) if name == C.DRAFT_GRAPH else self._open_tree(name)
+        return g
+
     def run(self, graph: str, inputs: dict, outputs: dict) -> None:
-        g = self.graphs.get(graph)
-        if g is None:  # a draft tree graph cut to a depth not run yet
-            g = self._open_tree(graph)
+        g = self.graph(graph)
         g.run(inputs, outputs)
         self.last_exec_s = g.last_exec_s  # graph execution alone, IO binding excluded (bench's split reads it)
 
@@ -357,6 +369,51 @@ def _load_structure(path: Path):
         return onnx.load(str(path), load_external_data=False)
     except (DecodeError, OSError, ValueError) as e:
         raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): {e}") from e
+
+
+def _check_graph_file(directory: Path, graph) -> None:
+    """What opening ``graph`` (a manifest entry) would refuse, without a session: a corrupt or truncated graph file,
+    a weights file missing or shorter than its tensors need, inputs and outputs other than the manifest's. For a
+    graph the runtime opens when first run: a broken artifact is refused at open, not in the middle of a request."""
+    import onnx
+
+    path = directory / graph.file
+    proto = _load_structure(path)
+    sizes: dict[str, int] = {}
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if loc not in sizes:
+            f = directory / loc
+            sizes[loc] = f.stat().st_size if f.is_file() else -1
+        need = int(info.get("offset", 0)) + int(info.get("length", 0))
+        if sizes[loc] < need:
+            what = "is missing" if sizes[loc] < 0 else f"holds {sizes[loc]} bytes, {t.name} needs {need}"
+            raise ManifestError(f"could not load graph {path} (corrupt or truncated? re-export): its weights file "
+                                f"{directory / loc} {what}")
+    inits = {t.name for t in proto.graph.initializer}
+    ins = {i.name for i in proto.graph.input} - inits
+    outs = {o.name for o in proto.graph.output}
+    if set(graph.spec.input_names) != ins or set(graph.spec.output_names) != outs:
+        raise ManifestError(f"graph {graph.file} does not have the inputs/outputs its manifest lists (another "
+                            "export's file?): re-export")
+    by_name = {t.name: t for t in (*graph.spec.inputs, *graph.spec.outputs)}
+    for arg in (*proto.graph.input, *proto.graph.output):
+        if arg.name not in by_name:
+            continue
+        want, tt = by_name[arg.name], arg.type.tensor_type
+        known = DTYPES.get(want.dtype)
+        dims = [d.dim_value if d.HasField("dim_value") else "?" for d in tt.shape.dim]
+        dims_ok = len(dims) == len(want.shape) and all(
+            isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(dims, want.shape, strict=True))
+        typ = f"tensor({onnx.TensorProto.DataType.Name(tt.elem_type).lower()})"  # as ONNX Runtime names it
+        if known is None or known.ort != typ or not dims_ok:
+            raise ManifestError(
+                f"graph {graph.file}: {arg.name} is {typ} {dims} but the "
+                f"manifest says {want.dtype} {list(want.shape)} (a manifest from another model or export?): re-export"
+            )
 
 
 def _check_types_and_dims(file: str, spec, session) -> None:

@@ -101,16 +101,16 @@ def test_fused_artifact_stores_each_weight_once_and_packs_qkv(models):
 
 def test_runtime_runs_the_fused_graph_where_the_operator_supports_the_target(models):
     """ONNX Runtime runs the fused target graph (and loads no standard target session); a head_dim the operator
-    does not take (8) has no fused graph and runs the standard one."""
+    does not take (8) has no fused graph and runs the standard one. (The step graph opens when first run.)"""
     _, _, art = models("mha")
     rt = EagleRuntime.open(art)
     tree = rt.manifest.tree_defaults
     tree_call = C.tree_call(tree.top_k, tree.depth)  # the default tree's draft tree graph, cut to its depth
-    assert rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_FUSED_GRAPH, C.DRAFT_GRAPH, tree_call}
+    assert rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_FUSED_GRAPH, tree_call}
     _, _, art = models("gqa")
     assert C.TARGET_FUSED_GRAPH not in load_manifest(art).graphs
     rt = EagleRuntime.open(art)
-    assert not rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH, tree_call}
+    assert not rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_GRAPH, tree_call}
 
 
 @pytest.mark.parametrize("past", [11, 14])

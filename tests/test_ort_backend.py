@@ -158,7 +158,7 @@ def test_spin_per_phase_applies_to_each_phases_sessions(models):
     be = OrtBackend(art, m, threads=1, spin="target=run,draft=off")
 
     def allow(name):
-        return be.graphs[name].session.get_session_options().get_session_config_entry(
+        return be.graph(name).session.get_session_options().get_session_config_entry(
             "session.intra_op.allow_spinning")
 
     assert allow(be.target_graph) == "1"
