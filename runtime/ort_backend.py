@@ -309,7 +309,8 @@ class OrtBackend:
                 f"graph {g.file} does not have the inputs/outputs its manifest lists (another export's file?): "
                 "re-export"
             )
-        _check_types_and_dims(g.file, g.spec, session.session)
+        _check_types_and_dims(g.file, g.spec, [(a.name, a.type, a.shape) for a in (*session.session.get_inputs(),
+                                                                                   *session.session.get_outputs())])
         return session
 
     def _open_tree(self, call: str) -> OrtGraph:
@@ -399,33 +400,27 @@ def _check_graph_file(directory: Path, graph) -> None:
     if set(graph.spec.input_names) != ins or set(graph.spec.output_names) != outs:
         raise ManifestError(f"graph {graph.file} does not have the inputs/outputs its manifest lists (another "
                             "export's file?): re-export")
-    by_name = {t.name: t for t in (*graph.spec.inputs, *graph.spec.outputs)}
+    args = []
     for arg in (*proto.graph.input, *proto.graph.output):
-        if arg.name not in by_name:
+        if arg.name in inits:
             continue
-        want, tt = by_name[arg.name], arg.type.tensor_type
-        known = DTYPES.get(want.dtype)
-        dims = [d.dim_value if d.HasField("dim_value") else "?" for d in tt.shape.dim]
-        dims_ok = len(dims) == len(want.shape) and all(
-            isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(dims, want.shape, strict=True))
+        tt = arg.type.tensor_type
         typ = f"tensor({onnx.TensorProto.DataType.Name(tt.elem_type).lower()})"  # as ONNX Runtime names it
+        args.append((arg.name, typ, [d.dim_value if d.HasField("dim_value") else "?" for d in tt.shape.dim]))
+    _check_types_and_dims(graph.file, graph.spec, args)
+
+
+def _check_types_and_dims(file: str, spec, args) -> None:
+    """Each graph tensor's dtype and fixed dims must be the manifest's: else the manifest is another model's.
+    args: (name, ONNX Runtime's type string, shape) of every input and output (a dim not an int is not checked)."""
+    by_name = {t.name: t for t in (*spec.inputs, *spec.outputs)}
+    for name, typ, shape in args:
+        want = by_name[name]
+        dims_ok = len(shape) == len(want.shape) and all(
+            isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(shape, want.shape, strict=True))
+        known = DTYPES.get(want.dtype)
         if known is None or known.ort != typ or not dims_ok:
             raise ManifestError(
-                f"graph {graph.file}: {arg.name} is {typ} {dims} but the "
-                f"manifest says {want.dtype} {list(want.shape)} (a manifest from another model or export?): re-export"
-            )
-
-
-def _check_types_and_dims(file: str, spec, session) -> None:
-    """Each graph tensor's dtype and fixed dims must be the manifest's: else the manifest is another model's."""
-    by_name = {t.name: t for t in (*spec.inputs, *spec.outputs)}
-    for arg in (*session.get_inputs(), *session.get_outputs()):
-        want = by_name[arg.name]
-        dims_ok = len(arg.shape) == len(want.shape) and all(
-            isinstance(w, str) or not isinstance(g, int) or g == w for g, w in zip(arg.shape, want.shape, strict=True))
-        known = DTYPES.get(want.dtype)
-        if known is None or known.ort != arg.type or not dims_ok:
-            raise ManifestError(
-                f"graph {file}: {arg.name} is {arg.type} {list(arg.shape)} but the manifest says {want.dtype} "
+                f"graph {file}: {name} is {typ} {list(shape)} but the manifest says {want.dtype} "
                 f"{list(want.shape)} (a manifest from another model or export?): re-export"
             )
