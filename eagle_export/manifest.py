@@ -160,11 +160,15 @@ class TunedInfo:
     # ONNX Runtime's thread spin policy tune measured fastest on that machine (``runtime.ort_backend.parse_spin``'s
     # form), the runtime's default there; None: the runtime's built-in default (older records, TensorRT).
     spin: str | None = None
+    # The winner measured again as the runtime runs it, the speculation guard on (runtime/guard.py): the speedup a
+    # later `bench` of the default should see. None: not measured (older records, a no-draft default).
+    speedup_as_run: float | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if d["spin"] is None:  # older records have none: they round-trip unchanged
-            del d["spin"]
+        for key in ("spin", "speedup_as_run"):  # older records have none: they round-trip unchanged
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod

@@ -83,6 +83,10 @@ def test_tune_writes_the_winner(art, ids_file):
     assert m.tuned is not None and m.tuned.tree == out["winner"]["tree"]
     assert (m.tuned.backend, m.tuned.threads, m.tuned.prompts, m.tuned.max_new_tokens) == ("ort", 1, 2, 6)
     assert m.tuned.settings == len(rows) and m.tuned.speedup == out["winner"]["speedup"]
+    # the winner measured again with the speculation guard on, when it is the default (it beat --min-speedup)
+    a = out["as_run"]
+    assert (a is None) == (m.tuned.speedup_as_run is None) == out["no_draft"]
+    assert a is None or (a["tree"] == out["winner"]["tree"] and m.tuned.speedup_as_run == a["speedup"])
     after = json.loads((art / MANIFEST_NAME).read_text())
     assert list(after) == list(before) + ["tuned"]  # same keys, same order, one more
     assert {k: v for k, v in after.items() if k not in ("tree_defaults", "tuned")} == \
@@ -108,16 +112,19 @@ def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, mo
     """``PairedSession.measure`` replaced by a deterministic stand-in with its contract (one PromptRow per prompt,
     speedup = EAGLE / no-draft tok/s): the best three of the grid's first pass are measured twice more, in the
     order A B D, then D B A; each is ranked by the median over its six runs, ahead of every setting measured once
-    (which keep their first-pass order, ties by EAGLE tok/s); the winner is the best confirmed setting."""
+    (which keep their first-pass order, ties by EAGLE tok/s); the winner is the best confirmed setting, measured
+    once more with the speculation guard on (what `bench` of the default will see)."""
     from eagle_export.tools.commands.bench import PairedSession, PromptRow
 
     calls: list[tuple[TreeParams, int]] = []
+    guarded: list[bool] = []  # per call: did the runtime's drafting requests run with the speculation guard
 
     def measure(self, tree, max_new_tokens, *, parity=0, log=None, stop_on_eos=False, repeats=1, peer=None,
                 only=None):
         first, later = FAKE_TOK_S[tree]
         e, n = first if not any(t == tree for t, _ in calls) else later
         calls.append((tree, parity))
+        guarded.append(self.rt.generator.guard is not None)
         return [PromptRow(spec.source, len(ids), max_new_tokens, 1.5, max_new_tokens // 2, float(e), float(n), e / n,
                           True, 0.1, 0.03, 0.05, 0.02, [1] * (max_new_tokens // 2))
                 for i, (spec, ids) in enumerate(zip(self.specs, self.prompt_ids, strict=True))
@@ -130,8 +137,11 @@ def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, mo
                     thresholds="0")  # no threshold stage: the ranking is the grid's and the confirmation's
     grid = T.Grid.parse("1,2", "1,2", "2,4").settings()
     grid = [t for t in grid if t.total_tokens <= t.max_candidates]
-    assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A]  # the confirming passes interleaved, then reversed
-    assert [p for _, p in calls] == [2 * i for i in range(len(calls))]  # each pass continues the order's rotation
+    # the confirming passes interleaved, then reversed; last, the winner once more with the guard on (as it will run)
+    assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A, B_]
+    assert guarded == [False] * (len(calls) - 1) + [True]
+    assert report.as_run.tree == B_ and report.as_run.speedup == 1.45 and report.as_run.stage == "as run"
+    assert [p for _, p in calls][:-1] == [2 * i for i in range(len(calls) - 1)]  # each continues the rotation
     assert [r.tree for r in report.rows] == [B_, D, A, E, C_, F]
     assert [r.confirmed for r in report.rows] == [True] * 3 + [False] * 3
     assert [r.runs for r in report.rows] == [6] * 3 + [2] * 3

@@ -29,6 +29,7 @@ What is measured (see docs/bench.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -452,6 +453,20 @@ class PairedSession:
         """One EAGLE and one no-draft generation of the first prompt, not counted."""
         for use_draft in (True, False):
             self.run(0, max_new_tokens, tree, use_draft, stop_on_eos)
+
+    @contextlib.contextmanager
+    def guarded(self):
+        """Inside, requests that draft run with the speculation guard's default policy, as the runtime runs them by
+        default (runtime/guard.py), whatever the session was opened with; its round costs are the ones measured so
+        far."""
+        from eagle_export.runtime.guard import DEFAULT_POLICY
+
+        gen = self.rt.generator
+        before, gen.guard = gen.guard, DEFAULT_POLICY.validate()
+        try:
+            yield self
+        finally:
+            gen.guard = before
 
     def prepare(self, tree: TreeParams, tokens: int = 8) -> None:
         """A short EAGLE generation of the first prompt with ``tree``, not counted: what the runtime opens for a tree

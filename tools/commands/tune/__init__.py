@@ -34,7 +34,9 @@ The search has two stages (see docs/tune.md):
 
 Then the best ``confirm`` settings (default 3) are measured ``CONFIRM_PASSES`` more times, interleaved, and ranked
 over all their runs, so that one lucky pass does not decide the winner. Every setting runs with the speculation guard
-off (runtime/guard.py), so that it is ranked by what it does when it drafts. The winner becomes ``tree_defaults``;
+off (runtime/guard.py), so that it is ranked by what it does when it drafts; the winner is then measured once more
+with the guard on (its default), as the runtime will run it, and that speedup is the one reported for the default
+(``TuneReport.as_run``, the ``tuned`` record's ``speedup_as_run``). The winner becomes ``tree_defaults``;
 if it does not beat plain decoding by ``min_speedup`` (default ``MIN_SPEEDUP``), the default is no draft: the
 manifest's ``batch_trees`` row for one sequence says so (``null``), and requests given no tree decode plainly.
 
@@ -370,6 +372,7 @@ class TuneReport:
     spin: str | None = None  # the policy every later stage ran with and the record keeps (None: runtime default)
     min_speedup: float = MIN_SPEEDUP  # a tree must beat plain decoding by this much to be the default
     thresholds: tuple[float, ...] = ()  # the threshold stage's values (empty: not run)
+    as_run: SettingRow | None = None  # the winner measured again with the speculation guard on (None: not measured)
 
     @property
     def no_draft(self) -> bool:
@@ -425,7 +428,8 @@ class TuneReport:
                 "winner": None if w is None else w.to_dict(), "batch": [row.to_dict() for row in self.batch],
                 "spin": self.spin, "spin_stage": [r.to_dict() for r in self.spin_rows],
                 "min_speedup": self.min_speedup, "no_draft": self.no_draft, "thresholds": list(self.thresholds),
-                "batch_trees": None if self.batch_table is None else self.batch_table.to_list()}
+                "batch_trees": None if self.batch_table is None else self.batch_table.to_list(),
+                "as_run": None if self.as_run is None else self.as_run.to_dict()}
 
     def format(self) -> str:
         head = f"{'#':>3}  {'top_k':>5}  {'depth':>5}  {'total':>5}  {'stage':>6}  {'tau':>5}  " \
@@ -453,6 +457,11 @@ class TuneReport:
         if w is not None:
             lines.append(f"winner: {w.label()}: speedup {w.speedup:.2f}x, tau {w.tau:.2f}, EAGLE {w.eagle_tok_s:.1f} "
                          f"tok/s, no-draft {w.no_draft_tok_s:.1f} tok/s (previous default: {self.previous.label})")
+            a = self.as_run
+            if a is not None and a.tree == w.tree:
+                lines.append(f"as the runtime runs it (the speculation guard on): speedup {a.speedup:.2f}x, EAGLE "
+                             f"{a.eagle_tok_s:.1f} tok/s, no-draft {a.no_draft_tok_s:.1f} tok/s: what a later `bench` "
+                             "of the default measures" + ("" if a.lossless else "  LOSSY"))
             if self.no_draft:
                 lines.append(self.verdict())
             lim = self.engines_max_tree_tokens
@@ -460,7 +469,7 @@ class TuneReport:
                 lines.append(f"note: the winner verifies {w.tree.verify_tokens} tokens per round, more than this "
                              f"artifact's TensorRT engines take ({lim}): with it as the default, `--backend tensorrt` "
                              "needs explicit tree settings (or tune there, or rebuild with a larger --max-tree-tokens)")
-        for r in self.lossy:
+        for r in self.lossy + ([self.as_run] if self.as_run is not None and not self.as_run.lossless else []):
             lines.append(f"LOSSY: {r.label()}: EAGLE tokens differ from no-draft on {', '.join(r.lossy_prompts)}")
             lines += [f"  {src}: {d.describe()}" for src, d in r.divergences.items()]
         table = self.batch_table
@@ -622,6 +631,16 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
                 again.confirmed = True
                 say(f"confirmed {again.label()}: speedup {again.speedup:.2f}x over {again.runs} runs"
                     + ("" if again.lossless else "  LOSSY"))
+        # The winner as the runtime will run it: the speculation guard on. Its speedup is what tune reports for the
+        # default it writes (a later `bench` of the artifact runs the same way); the ranking stays guard-off.
+        as_run = None
+        top = min(rows, key=lambda r: (not r.lossless, not r.confirmed, r.dropped, *_rank_key(r)), default=None)
+        if top is not None and top.lossless and top.speedup >= min_speedup:
+            say(f"measuring {top.label()} as the runtime runs it (the speculation guard on)")
+            with s.guarded():
+                again = s.measure(top.tree, max_new_tokens, parity=parity, repeats=repeats)
+            as_run = _summarise(top.tree, "as run", again, top.path)
+            say(f"as run: speedup {as_run.speedup:.2f}x" + ("" if as_run.lossless else "  LOSSY"))
         device = _describe_device(s.rt)
         previous = s.manifest.tree_defaults
         n_prompts = len(s.specs)
@@ -633,7 +652,7 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
     rows.sort(key=lambda r: (not r.lossless, not r.confirmed, r.dropped, *_rank_key(r)))
     report = TuneReport(str(artifact), backend, device, threads, max_new_tokens, repeats, n_prompts, grid, refine,
                         rows, dict(skipped), previous, engines_max, spin_rows=spin_rows, spin=chosen,
-                        min_speedup=float(min_speedup), thresholds=thresh)
+                        min_speedup=float(min_speedup), thresholds=thresh, as_run=as_run)
     cands = ladder(rows, batch_candidates)
     if sizes and cands:
         say(f"per-batch stage: N = {', '.join(map(str, sizes))}; {len(cands)} tree sizes and no draft at each")
@@ -669,6 +688,9 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
     if report.lossy:
         raise TuneError(f"not writing tree_defaults: {len(report.lossy)} setting(s) were lossy ("
                         + "; ".join(r.label() for r in report.lossy) + "): EAGLE must equal no-draft decoding")
+    if report.as_run is not None and not report.as_run.lossless:
+        raise TuneError(f"not writing tree_defaults: the winner measured with the speculation guard on was lossy ("
+                        f"{report.as_run.label()}): EAGLE must equal no-draft decoding")
     if not report.batch_lossless:
         raise TuneError("not writing tree_defaults: a batched pass was lossy: EAGLE must equal no-draft decoding")
     if not report.spin_lossless:
@@ -682,7 +704,8 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
         ranked_by=RANKED_BY, tau=w.tau, eagle_tok_s=w.eagle_tok_s, no_draft_tok_s=w.no_draft_tok_s,
         speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
         repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        eagle_export=__version__, spin=report.spin)
+        eagle_export=__version__, spin=report.spin,
+        speedup_as_run=None if report.as_run is None or report.as_run.tree != w.tree else report.as_run.speedup)
     # No table: the winner is the default at every batch size, so an older table (whose row for 1 was the old
     # winner, or no draft) goes.
     table = report.batch_table
