@@ -460,8 +460,8 @@ class TuneReport:
             a = self.as_run
             if a is not None and a.tree == w.tree:
                 lines.append(f"as the runtime runs it (the speculation guard on): speedup {a.speedup:.2f}x, EAGLE "
-                             f"{a.eagle_tok_s:.1f} tok/s, no-draft {a.no_draft_tok_s:.1f} tok/s: what a later `bench` "
-                             "of the default measures" + ("" if a.lossless else "  LOSSY"))
+                             f"{a.eagle_tok_s:.1f} tok/s, no-draft {a.no_draft_tok_s:.1f} tok/s (as `bench` and the "
+                             "runtime run the default)" + ("" if a.lossless else "  LOSSY"))
             if self.no_draft:
                 lines.append(self.verdict())
             lim = self.engines_max_tree_tokens
