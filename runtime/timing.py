@@ -60,6 +60,11 @@ class TimingBackend:
         self.seconds[graph] += exec_s
         self.calls[graph] += 1
 
+    @property
+    def open_s(self) -> float:
+        """The wrapped backend's seconds spent opening sessions inside ``run`` (0 if it opens none there)."""
+        return getattr(self._inner, "open_s", 0.0)
+
     def zeros(self, shape: tuple[int, ...], dtype):
         return self._inner.zeros(shape, dtype)
 

@@ -178,4 +178,4 @@ def test_graphs_run_at_their_accuracy_levels(quantized):
         be = OrtBackend(art, m, threads=1, fused=False)
         opts = be.graphs[C.TARGET_GRAPH].session.get_session_options()
         assert all(opts.get_session_config_entry(k) == v for k, v in want.items())
-        assert be.graphs[C.DRAFT_GRAPH].session.get_session_options().get_session_config_entry(level) == "4"
+        assert be.graph(C.DRAFT_GRAPH).session.get_session_options().get_session_config_entry(level) == "4"

@@ -38,17 +38,20 @@ def art(models):
                   max_seq_len=512)[2]
 
 
+# The speculation guard is off in the server and the reference alike: its choice of plain or drafting rounds follows
+# the round times each runtime measures, so on a loaded machine the two can choose differently (the tokens stay equal,
+# the rounds' accept lengths and tau do not), and the tests below compare those too.
 @pytest.fixture(scope="module")
 def ref(art):
     """The single-sequence runtime (max_batch 1): what the server must reproduce."""
-    rt = EagleRuntime.open(art)
+    rt = EagleRuntime.open(art, guard=False)
     yield rt
     rt.close()
 
 
 @pytest.fixture(scope="module")
 def server(art):
-    with LiveServer(ServeOptions(str(art), model_name=MODEL, max_queue=64, timeout_s=60)) as s:
+    with LiveServer(ServeOptions(str(art), model_name=MODEL, max_queue=64, timeout_s=60, guard=False)) as s:
         yield s
 
 
@@ -411,7 +414,7 @@ def test_bench_url_reports_the_in_process_figures(server, art):
     keys, the same tokens (lossless both), the same tau (acceptance does not depend on the batch)."""
     args = ["--concurrency", "2", "--requests", "4", "--max-new-tokens", "16", "--json"]
     remote = json.loads(ok("bench", "--url", server.url, *args).stdout)["aggregate"]
-    local = json.loads(ok("bench", art, *args).stdout)["aggregate"]
+    local = json.loads(ok("bench", art, *args, "--no-guard").stdout)["aggregate"]  # as the server runs
     assert set(remote) >= set(local) - {"artifact", "backend", "threads", "peak_rss_mb", "batch_trees"}
     assert set(remote["eagle"]) == set(local["eagle"])
     assert remote["lossless"] and local["lossless"]
