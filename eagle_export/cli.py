@@ -141,8 +141,10 @@ def main() -> None:
 @click.option("--quantize-accuracy-level", type=int, default=4, show_default=True,
               help="ONNX Runtime's MatMulNBits accuracy level: 4 quantizes activations to int8 (its fast CPU "
                    "kernel), 0/1 compute in float.")
-@click.option("--quantize-draft", is_flag=True,
-              help="Also quantize the draft graphs (their MatMuls and the lm_head they read).")
+@click.option("--quantize-draft/--quantize-float-draft", default=None,
+              help="Quantize the draft graphs too (their MatMuls and the lm_head they read), or keep them float "
+                   "[default: quantize: a float draft level costs a third of an int4 step at the 1B shape, an int4 "
+                   "one a tenth; the target verifies every token either way].")
 @click.option("--quantize-lm-head/--quantize-float-lm-head", default=True, show_default=True,
               help="Quantize the target's lm_head as its other MatMuls (onnxruntime-genai's int4 builder does too; "
                    "a tied embedding keeps its float copy), or keep it float: at 128k-token vocabularies a float "
@@ -184,7 +186,9 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     tree_ks = None if draft_tree_top_k is None else tuple(_parse_ids(draft_tree_top_k, "--draft-tree-top-k"))
     if quantize == "none":
-        given = [o for o, v in (("--quantize-draft", quantize_draft), ("--quantize-asymmetric", not quantize_symmetric),
+        given = [o for o, v in (("--quantize-draft", quantize_draft is True),
+                                ("--quantize-float-draft", quantize_draft is False),
+                                ("--quantize-asymmetric", not quantize_symmetric),
                                 ("--quantize-inexact-trees", quantize_inexact_trees),
                                 ("--quantize-float-lm-head", not quantize_lm_head)) if v]
         if given:
@@ -192,7 +196,7 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
         quant = None
     else:
         quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
-                                accuracy_level=quantize_accuracy_level, draft=quantize_draft,
+                                accuracy_level=quantize_accuracy_level, draft=quantize_draft is not False,
                                 lm_head=quantize_lm_head, inexact_trees=quantize_inexact_trees)
     opts = ExportOptions(dtype=dtype, max_seq_len=max_seq_len,
                          limits=TreeLimits(max_top_k, max_depth, max_total_tokens),

@@ -23,7 +23,7 @@ from eagle_export.tree_params import TreeLimits, TreeParams
 
 SMALL = dict(preset="mha", max_seq_len=64, limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
 INT4_ALL = QuantizeOptions(bits=4, draft=True)  # target, draft head and lm_heads; symmetric, block 32, level 4
-INT8_ASYM = QuantizeOptions(bits=8, block_size=16, symmetric=False)
+INT8_ASYM = QuantizeOptions(bits=8, block_size=16, symmetric=False, draft=False)  # --quantize-float-draft
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
 def test_float_lm_head_keeps_the_targets_lm_head_float(models):
     """--quantize-float-lm-head: every projection of the target quantized but its lm_head, which stays a float
     MatMul; the manifest says so."""
-    art = models(**SMALL, quantize=QuantizeOptions(bits=4, lm_head=False))[2]
+    art = models(**SMALL, quantize=QuantizeOptions(bits=4, lm_head=False, draft=False))[2]
     q = load_manifest(art).quantization
     layers = load_manifest(art).target.num_layers
     assert (q.lm_head, q.draft) == (False, False)
@@ -138,6 +138,7 @@ def test_bad_quantize_settings_fail_in_one_line(tiny, tmp_path):
     cases = [(["--quantize", "int4", "--quantize-block-size", "48"], "--quantize-block-size must be a power of 2"),
              (["--quantize", "int4", "--quantize-accuracy-level", "5"], "--quantize-accuracy-level must be one of"),
              (["--quantize-draft"], "--quantize-draft needs --quantize int4 or int8"),
+             (["--quantize-float-draft"], "--quantize-float-draft needs --quantize"),
              (["--quantize-asymmetric"], "--quantize-asymmetric needs --quantize"),
              (["--quantize-float-lm-head"], "--quantize-float-lm-head needs --quantize"),
              (["--quantize", "int4", "--dtype", "bf16"], "--quantize takes --dtype fp32 or fp16")]
@@ -145,6 +146,23 @@ def test_bad_quantize_settings_fail_in_one_line(tiny, tmp_path):
         res = runner.invoke(main, [*base, "--out", str(tmp_path / f"o{i}"), *extra])
         assert res.exit_code != 0 and msg in res.output, (extra, res.output)
         assert "Traceback" not in res.output and not (tmp_path / f"o{i}").exists()
+
+
+def test_the_draft_is_quantized_by_default_and_float_draft_keeps_it_float(tiny, tmp_path):
+    """`export --quantize int4` quantizes the draft graphs too (their MatMuls and the lm_head they read);
+    `--quantize-float-draft` keeps them float, the target quantized either way. The manifest says which."""
+    target, draft, _ = tiny
+    runner = CliRunner()
+    for extra, quantized in (([], True), (["--quantize-float-draft"], False)):
+        out = tmp_path / ("float" if extra else "default")
+        res = runner.invoke(main, ["export", "--target", str(target), "--draft", str(draft), "--out", str(out),
+                                   "--quiet", "--quantize", "int4", *extra])
+        assert res.exit_code == 0, res.output
+        m = load_manifest(out)
+        assert m.quantization.draft is quantized
+        draft_float = _float_matmul_weights(out / f"{C.DRAFT_GRAPH}.onnx")
+        assert (draft_float == []) is quantized, draft_float
+        assert _float_matmul_weights(out / f"{C.TARGET_FUSED_GRAPH}.onnx") == []
 
 
 def test_asymmetric_artifact_refuses_a_tensorrt_build(int8):
