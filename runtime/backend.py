@@ -43,6 +43,9 @@ class Backend(Protocol):
     #: Seconds the last ``run`` spent executing the graph, binding excluded (bench's draft/target/host split), or
     #: None when the backend cannot tell (work queued on a device stream: time ``run`` + ``synchronize`` instead).
     last_exec_s: float | None
+    #: Seconds spent so far opening sessions inside ``run`` (a graph opened when first run), which the loop leaves
+    #: out of a round's time; 0.0 for a backend that opens everything up front.
+    open_s: float
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A zero-filled contiguous buffer on ``device``, aligned as the backend binds memory (256 bytes)."""

@@ -665,7 +665,7 @@ class Generator:
             return []
         t0 = time.perf_counter()
         self._t_draft = self._t_target = 0.0
-        opened0 = getattr(self.backend, "open_s", 0.0)  # a session opened in this round is not its cost
+        opened0 = self.backend.open_s  # a session opened in this round is not its cost
         for s in slots:
             if s.req.tuned and tuned is not KEEP:
                 s.base = tuned
@@ -697,7 +697,7 @@ class Generator:
         self._draft_context(slots, tt)
         if any(s.req.tree is not None and (s.grower is None or s.leaving) for s in slots):
             self._keep_lag(slots, tt)
-        opened = getattr(self.backend, "open_s", 0.0) - opened0  # inside a draft call's time
+        opened = self.backend.open_s - opened0  # inside a draft call's time
         self._t_draft = max(self._t_draft - opened, 0.0)
         self._account(slots, spec, time.perf_counter() - t0 - opened)
         return self._retire()

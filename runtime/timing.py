@@ -63,7 +63,7 @@ class TimingBackend:
     @property
     def open_s(self) -> float:
         """The wrapped backend's seconds spent opening sessions inside ``run`` (0 if it opens none there)."""
-        return getattr(self._inner, "open_s", 0.0)
+        return self._inner.open_s
 
     def zeros(self, shape: tuple[int, ...], dtype):
         return self._inner.zeros(shape, dtype)

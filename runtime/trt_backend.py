@@ -423,6 +423,7 @@ class TrtBackend:
     tree_graph = None  # the draft tree graph is not built (docs/engines.md): the step graph drafts level by level
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
+    open_s = 0.0  # every engine is opened up front
 
     def __init__(self, directory: Path, manifest: Manifest, device: int | None = None, *, lib=None, mem=None,
                  debug_sync: bool | None = None, rtx_shape_strategy: str = "none",

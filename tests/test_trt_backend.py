@@ -193,6 +193,7 @@ class PlanningBackend:
     host_memory = True
     max_prefill = None
     last_exec_s = None
+    open_s = 0.0  # the OrtBackend inside opens the standard graphs up front (no tree graph)
 
     def __init__(self, art, manifest):
         self.ort = OrtBackend(art, manifest, threads=1, fused=False, draft_tree=False)  # what the engines run

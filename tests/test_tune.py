@@ -69,7 +69,9 @@ def test_tune_writes_the_winner(art, ids_file):
         assert r["lossless"] is True and r["lossy_prompts"] == []
         # prompts x passes: the screen's first prompt only for the dropped
         assert r["runs"] == (2 * (1 + T.CONFIRM_PASSES) if r["confirmed"] else 1 if r["dropped"] else 2)
-        assert r["path"] == T.TREE_PATH  # top_k 1 and 2: the artifact's draft tree graphs
+        # top_k 1 and 2: the artifact's draft tree graphs; a refinement to depth 0 (the root's children alone, when
+        # a depth-1 tree wins on this random head's timings) drafts in the step graph's context pass
+        assert r["path"] == (T.TREE_PATH if r["tree"]["depth"] >= 1 else T.STEP_PATH), r["tree"]
         # tau is the setting's committed tokens per target forward, recomputed here from greedy runs of its tree.
         acc = [a for p in (P12, P9) for a in rt.generate(prompt_ids=p, max_new_tokens=6, stop_on_eos=False,
                                                          tree=TreeParams(**r["tree"])).stats.accept_lengths]
