@@ -233,6 +233,10 @@ class CallTimer:
             end.record(self._inner.stream)
             self._events.append((start, end))
 
+    @property
+    def open_s(self) -> float:
+        return self._inner.open_s
+
     def device_s(self) -> list[float] | None:
         if not self.cuda:
             return None
