@@ -26,6 +26,20 @@ from pathlib import Path
 import numpy as np
 
 
+def _run_in_place(s, b, caches: dict, present: str, past: str | None):
+    """Bind every output of session ``s`` on binding ``b``: an output named ``present...`` to the cache buffer of its
+    ``past...`` input (written in place; ``past`` None: none are), the rest to fresh host memory. Returns the call."""
+    import onnxruntime as ort
+
+    for o in s.get_outputs():
+        if past is not None and o.name.startswith(present):
+            own = caches[o.name.replace(present, past, 1)]
+            b.bind_ortvalue_output(o.name, ort.OrtValue.ortvalue_from_numpy(own))
+        else:
+            b.bind_output(o.name, "cpu")
+    return lambda: s.run_with_iobinding(b)
+
+
 def _ours(artifact: Path, threads: int):
     from eagle_export import contract as C
     from eagle_export.manifest import load_manifest
@@ -42,7 +56,6 @@ def _ours(artifact: Path, threads: int):
     fused = name == C.TARGET_FUSED_GRAPH
 
     def call(past: int, w: int):
-        import onnxruntime as ort
 
         b = s.io_binding()
         mask = np.zeros((1, w, past + w), np.bool_)
@@ -54,13 +67,7 @@ def _ours(artifact: Path, threads: int):
             b.bind_cpu_input(k, v)
         for k, v in caches.items():
             b.bind_cpu_input(k, v if fused else v[:, :, :past])
-        for o in s.get_outputs():
-            if fused and o.name.startswith("present_"):
-                own = caches[o.name.replace("present", "past")]
-                b.bind_ortvalue_output(o.name, ort.OrtValue.ortvalue_from_numpy(own))
-            else:
-                b.bind_output(o.name, "cpu")
-        return lambda: s.run_with_iobinding(b)
+        return _run_in_place(s, b, caches, "present_", "past_" if fused else None)
 
     return call
 
@@ -82,13 +89,7 @@ def _peer(peer_dir: Path, threads: int):
         b.bind_cpu_input("attention_mask", np.ones((1, past + w), np.int64))
         for k, v in caches.items():
             b.bind_cpu_input(k, v)
-        for out in s.get_outputs():
-            if out.name.startswith("present"):
-                src = caches[out.name.replace("present", "past_key_values")]
-                b.bind_ortvalue_output(out.name, ort.OrtValue.ortvalue_from_numpy(src))
-            else:
-                b.bind_output(out.name, "cpu")
-        return lambda: s.run_with_iobinding(b)
+        return _run_in_place(s, b, caches, "present", "past_key_values")
 
     return call
 
