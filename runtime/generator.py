@@ -50,7 +50,7 @@ from eagle_export.tree_params import TreeParams
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
-from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
+from .guard import DEFAULT_POLICY, MIN_READ, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 from .kv_cache import FusedKVCache, KVCache
 from .logprobs import token_logprobs
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
@@ -1062,22 +1062,32 @@ class Generator:
         # A round adds at most max_context_rows tokens: flush while the next round's still fit. A guarded slot in plain
         # rounds also flushes every shadow_every tokens, and the flush tells its guard how the draft did on them.
         room = P - self.m.tree_limits.max_context_rows
+        # what a read costs in plain rounds, as measured (not with a pinned cost ratio: then only tokens decide);
+        # looked up only where a read could be due (none before MIN_READ lagging tokens)
+        measured = self.guard is not None and self.guard.cost_ratio is None
 
         def due(s: Slot) -> bool:
             if s.reason is not None or s.error is not None:
                 return False
-            return len(s.lag) > room or (s.guard is not None and s.guard.shadow_due(len(s.lag)))
-        self._draft_lag(slots, due)
+            if len(s.lag) > room:
+                return True
+            if s.guard is None or len(s.lag) < MIN_READ:
+                return False
+            return s.guard.shadow_due(len(s.lag), self.costs.read_ratio(len(slots)) if measured else None)
+        t0, opened0 = time.perf_counter(), self.backend.open_s
+        if self._draft_lag(slots, due):
+            opened = self.backend.open_s - opened0  # a session opened for it is not its cost
+            self.costs.record_read(len(slots), time.perf_counter() - t0 - opened, max(s.L for s in slots))
 
-    def _draft_lag(self, slots: list[Slot], due, grow: bool = False) -> None:
+    def _draft_lag(self, slots: list[Slot], due, grow: bool = False) -> bool:
         """The draft's context pass over the lagging tokens of the slots ``due`` selects, in one call (as
         ``_draft_context`` over a round's accepted tokens): their draft cache rows, then their context row. grow:
         those slots draft this round: where the draft tree graph can grow all their trees, the same call grows
-        them (one call, as after a speculative round)."""
+        them (one call, as after a speculative round). Returns whether it ran a call."""
         widths = [len(s.lag) if s.lag and due(s) else 0 for s in slots]
         mm = max(widths)
         if not mm:
-            return
+            return False
         a, P, stride = len(slots), self._lag_rows, self.dplan.stride
         drafting = [s for s, m in zip(slots, widths, strict=True) if m]
         tree = (grow and bool(self.tree_depths) and all(self._tree_fits(s) for s in drafting)
@@ -1114,6 +1124,7 @@ class Generator:
                     if s.guard is not None and s.guard.mode == PLAIN and s.base is not None and m > 1:
                         self._shadow(s, b * mm, a)
                 s.lag.clear()
+        return True
 
     def _shadow(self, s: Slot, r0: int, active: int) -> None:
         """A guarded slot in plain rounds: the lag's context pass just predicted, at each of its rows, the token after

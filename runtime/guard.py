@@ -40,6 +40,7 @@ from eagle_export.errors import GenerationError
 SPEC = "spec"  # the next round drafts
 PLAIN = "plain"  # the next round is a plain one-token step
 MIXED = "mixed"  # RoundCosts' key of a batched round whose drafting sequences had different trees
+MIN_READ = 4  # lagging tokens a shadow read needs at least (fewer say little about the draft)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class GuardPolicy:
     max_interval: int = 1024  # plain rounds between probes, at most
     budget: float = 0.02  # a probe's expected loss, at most this share of the plain rounds between probes
     shadow_every: int = 16  # in plain rounds, the draft reads the tokens every this many (0: never; see shadow())
+    read_budget: float = 0.03  # shadow reads at most this share of the plain rounds' time (their measured cost)
     prior_rounds: int = 4  # the runtime's running tau for the tree starts a request's, weighing as this many rounds
     window: int = 4  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
     cost_ratio: float | None = None
@@ -78,6 +80,7 @@ class GuardPolicy:
         real("alpha", 1e-6, 1.0)
         real("confidence", 0.0, 10.0)
         real("budget", 1e-6, 1.0)
+        real("read_budget", 1e-6, 1.0)
         for name in ("min_rounds", "probe_rounds", "first_interval", "max_interval", "prior_rounds", "window"):
             count(name)
         if isinstance(self.shadow_every, bool) or not isinstance(self.shadow_every, int) or self.shadow_every < 0:
@@ -181,18 +184,24 @@ class Guard:
             self.switches += 1
         return self.mode
 
-    def shadow_due(self, lagged: int) -> bool:
+    def shadow_due(self, lagged: int, read_cost: float | None = None) -> bool:
         """Is a shadow read due, with ``lagged`` tokens unread? The first after a switch comes at half of
-        ``shadow_every`` (at least 4), so that a dip is over sooner; the next ``shadow_every`` later, and each later
-        one twice as far as the one before, twice more for every probe that failed since (a draft that keeps reading
-        badly, or reads well but does not pay, is read and probed ever more rarely; the lag rows' own flushes, every
-        few hundred tokens, are reads too)."""
-        every = self.policy.shadow_every
-        if not every or self.mode != PLAIN or self.calibrating:
+        ``shadow_every`` (at least ``MIN_READ``), so that a dip is over sooner; the next ``shadow_every`` later, and
+        each later one twice as far as the one before, twice more for every probe that failed since (a draft that
+        keeps reading badly, or reads well but does not pay, is read and probed ever more rarely; the lag rows' own
+        flushes, every few hundred tokens, are reads too). read_cost: what a read costs in plain rounds (measured;
+        None: unknown): reads are never closer than what keeps that cost within ``read_budget`` of the plain rounds
+        between them (where a draft call costs a plain step, a read every 8 tokens made plain rounds 12% slower)."""
+        p = self.policy
+        if not p.shadow_every or self.mode != PLAIN or self.calibrating:
             return False
         if self.reads == 0 and not self.failed:
-            return lagged >= max(4, every // 2)
-        return lagged >= min(every << (max(self.reads - 1, 0) + self.failed), self.policy.max_interval)
+            need = max(MIN_READ, p.shadow_every // 2)
+        else:
+            need = max(MIN_READ, min(p.shadow_every << (max(self.reads - 1, 0) + self.failed), p.max_interval))
+        if read_cost is not None:
+            need = max(need, min(math.ceil(read_cost / p.read_budget), p.max_interval))
+        return lagged >= need
 
     def shadow(self, hits: int, seen: int, depth: int, ratio: float | None) -> str:
         """In plain rounds: the draft has just read ``seen`` committed tokens (the lag rows' context pass), and its
@@ -273,6 +282,7 @@ class RoundCosts:
     def __init__(self) -> None:
         self._spec: dict[tuple, _Recent] = {}
         self._plain: dict[int, _Recent] = {}
+        self._read: dict[int, _Recent] = {}  # the draft's lag passes in plain rounds (shadow reads), per sequences
         self._tau: dict = {}  # tree -> [running tau, running variance, rounds] over every request's speculative rounds
         self.rounds = 0  # rounds recorded
 
@@ -308,6 +318,24 @@ class RoundCosts:
         old.times.append(seconds)
         del old.times[:-self.WINDOW]
         old.at, old.n = rows, self.rounds
+
+    def record_read(self, active: int, seconds: float, rows: int) -> None:
+        """One shadow read (the draft's pass over a plain request's lagging tokens) in a round of ``active``
+        sequences took ``seconds``."""
+        if not seconds > 0:
+            return
+        old = self._read.get(active)
+        if old is None:
+            self._read[active] = _Recent([seconds], rows, self.rounds)
+            return
+        old.times.append(seconds)
+        del old.times[:-self.WINDOW]
+        old.at, old.n = rows, self.rounds
+
+    def read_ratio(self, active: int) -> float | None:
+        """A shadow read's cost in plain rounds at this many sequences (None: either unmeasured)."""
+        r, p = self._read.get(active), self._plain.get(active)
+        return None if r is None or p is None else r.value / p.value
 
     def ratio(self, active: int, tree) -> float | None:
         """A speculative round's time over a plain round's at this many sequences (None: one of them unmeasured, or

@@ -144,6 +144,19 @@ def test_shadow_reads_come_early_after_a_switch_then_every_shadow_every():
     assert [g.shadow_due(n) for n in (31, 32)] == [False, True]
 
 
+def test_shadow_reads_keep_their_measured_cost_within_the_read_budget():
+    """A read that costs a plain step (a draft call as dear as a target step, the tiny fixture's case) comes at most
+    every 1 / read_budget plain rounds; a cheap one (a real size's) follows the schedule; the cost never pushes a
+    read past max_interval."""
+    g = Guard(GuardPolicy(read_budget=0.05))
+    feed(g, [1] * 3, 2.0)
+    assert g.mode == PLAIN and g.shadow_due(8) and g.shadow_due(8, None)
+    assert [g.shadow_due(n, 1.0) for n in (19, 20)] == [False, True]  # 1.0 / 0.05 rounds apart
+    assert [g.shadow_due(n, 0.2) for n in (7, 8)] == [False, True]  # 0.2 / 0.05 = 4: the schedule's 8 decides
+    assert g.shadow_due(1024, 1e9) and not g.shadow_due(1023, 1e9)
+    assert not Guard(GuardPolicy(shadow_every=0)).shadow_due(10 ** 6, 0.0)
+
+
 def test_without_a_plain_figure_one_plain_round_measures_it():
     g = Guard(GuardPolicy())
     modes = []
@@ -159,7 +172,8 @@ def test_policy_checks():
     for bad, msg in ((dict(leave=-1), "leave"), (dict(enter=0.5), "enter"), (dict(min_rounds=0), "min_rounds"),
                      (dict(probe_rounds=1.5), "probe_rounds"), (dict(first_interval=9, max_interval=8), "max_interval"),
                      (dict(budget=0), "budget"), (dict(cost_ratio=0), "cost_ratio"), (dict(alpha=True), "alpha"),
-                     (dict(confidence=-1), "confidence"), (dict(shadow_every=-1), "shadow_every")):
+                     (dict(confidence=-1), "confidence"), (dict(shadow_every=-1), "shadow_every"),
+                     (dict(read_budget=0), "read_budget")):
         with pytest.raises(GenerationError, match=msg):
             GuardPolicy(**bad).validate()
 
@@ -178,6 +192,17 @@ def test_round_costs():
     c.record(2, MIXED, 0.009, 10)
     c.record(2, None, 0.003, 10)
     assert c.ratio(2, tree) == pytest.approx(3.0)  # a batch of different trees stands in for any of them
+
+
+def test_round_costs_of_shadow_reads():
+    c = RoundCosts()
+    assert c.read_ratio(1) is None
+    c.record_read(1, 0.003, 10)
+    assert c.read_ratio(1) is None  # no plain round yet
+    c.record(1, None, 0.001, 10)
+    assert c.read_ratio(1) == pytest.approx(3.0) and c.read_ratio(2) is None
+    c.record_read(1, 0.005, 20)  # the median of the reads so far
+    assert c.read_ratio(1) == pytest.approx(4.0)
 
 
 def test_a_slow_round_does_not_move_the_ratio():
@@ -367,6 +392,25 @@ def test_measured_guard_calibrates_then_counts(switching):
     assert st.spec_rounds + st.plain_rounds == st.rounds
     assert st.draft_s > 0 and st.target_s > 0 and st.host_s > 0
     assert st.draft_s + st.target_s + st.host_s <= st.decode_s + 1e-3
+
+
+def test_measured_reads_are_spaced_by_their_cost(switching):
+    """A request the guard keeps plain after its calibration (leave and enter out of reach, no probe within the
+    request): the runtime measures what its shadow reads cost, and with a read budget so small that one read is all it
+    affords, the draft runs fewer passes than with the schedule alone (read_budget 1: a read every 1-3 plain rounds
+    at most). Same tokens either way."""
+    art, cycle = switching
+    forwards, tokens = {}, {}
+    for budget in (1.0, 1e-6):
+        policy = GuardPolicy(leave=10.0, enter=10.0, first_interval=1024, max_interval=1024, read_budget=budget)
+        with EagleRuntime.open(art, threads=1, guard=policy) as rt:
+            res = rt.generate(prompt_ids=[cycle[0]], max_new_tokens=N_NEW, stop_on_eos=False)
+            read_cost = rt.generator.costs.read_ratio(1)
+        assert res.stats.spec_rounds == 4 and res.stats.plain_rounds > 200  # 3, a calibration, 1 judged: plain
+        assert read_cost is not None and read_cost > 0
+        forwards[budget], tokens[budget] = res.stats.draft_forwards, res.tokens
+    assert tokens[1.0] == tokens[1e-6] == cycle[1:N_NEW + 1]
+    assert forwards[1e-6] < forwards[1.0]
 
 
 def test_guarded_batch_keeps_each_sequence_plain_decodings(models):
