@@ -56,7 +56,7 @@ from .logprobs import token_logprobs
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
 from .tree import Frontier, TreeGrower, VerifyTree
-from .views import HostScratch, RowBuffers, view_of
+from .views import HostScratch, RowBuffers, SplitInputs, view_of
 
 log = logging.getLogger(__name__)
 KEEP = object()  # Generator.round: every sequence keeps its tree (no per-batch table applied)
@@ -347,10 +347,11 @@ class Generator:
         rb = self._rows[name]
         return rb.block(0, slots, count)[0]
 
-    def _target_io(self, a: int, n: int, r: int, slot: int = 0, row0: int = 0) -> tuple[dict, MappingProxyType]:
-        """The target call's fixed bindings. Fused: the caches of slots [slot, slot + a) are inputs and outputs
-        alike (written in place); standard: the new rows land in the scratch. Logits and features from output row
-        ``row0`` on."""
+    def _target_io(self, a: int, n: int, r: int, slot: int = 0,
+                   row0: int = 0) -> tuple[MappingProxyType, MappingProxyType]:
+        """The target call's fixed bindings, read-only (``SplitInputs``' fixed part, and the outputs). Fused: the
+        caches of slots [slot, slot + a) are inputs and outputs alike (written in place); standard: the new rows land
+        in the scratch. Logits and features from output row ``row0`` on."""
         key = ("t", a, n, r, slot if self.fused else 0, row0)
         io = self._io_memo.get(key)
         if io is None:
@@ -364,7 +365,7 @@ class Generator:
                 outs.update(zip(self._target_names[1], caches, strict=True))
             else:
                 outs.update(zip(self._target_names[1], self.tcache.new_block_views(a, n), strict=True))
-            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+            io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
     def _draft_io(self, a: int, n: int, feat_rows: int) -> tuple[dict, MappingProxyType]:
@@ -407,11 +408,11 @@ class Generator:
         """The target over ``a`` sequences from slot ``slot`` (``a`` > 1: from slot 0), ``n`` new rows each after
         ``past`` bound rows; logits and features from output row ``row0`` on."""
         fixed, outputs = self._target_io(a, n, r, slot, row0)
-        inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
+        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
         if not self.fused:
-            inputs.update(zip(self._target_names[0], self._past(self.tcache, a, past, slot * self.tplan.stride),
-                              strict=True))
+            changing.update(zip(self._target_names[0], self._past(self.tcache, a, past, slot * self.tplan.stride),
+                                strict=True))
+        inputs = SplitInputs(fixed, changing)
         t0 = time.perf_counter()
         self.backend.run(self.tgraph, inputs, outputs)
         self._t_target += time.perf_counter() - t0
@@ -666,6 +667,12 @@ class Generator:
         t0 = time.perf_counter()
         self._t_draft = self._t_target = 0.0
         opened0 = self.backend.open_s  # a session opened in this round is not its cost
+        if len(slots) == 1:
+            s = slots[0]
+            if s.req.tuned and tuned is not KEEP:
+                s.base = tuned
+            if s.base is None and s.req.tree is None and s.tree is None:
+                return self._plain_round(s, t0, opened0)
         for s in slots:
             if s.req.tuned and tuned is not KEEP:
                 s.base = tuned
@@ -700,6 +707,32 @@ class Generator:
         opened = self.backend.open_s - opened0  # inside a draft call's time
         self._t_draft = max(self._t_draft - opened, 0.0)
         self._account(slots, spec, time.perf_counter() - t0 - opened)
+        return self._retire()
+
+    def _plain_round(self, s: Slot, t0: float, opened0: float) -> list[Slot]:
+        """``round`` for one sequence that never drafts (``--no-draft``, or an artifact whose default is no draft):
+        what ``round`` does for it (its one-row verify, ``_plain_step``, the accounting), without the steps that have
+        nothing to do for it (tree growth, the guard, the draft's context pass, the lag rows). On a small model the
+        loop's own host work is a tenth of a plain step, and those steps were half of it."""
+        s.guarded = s.leaving = False
+        self._fit(self.active)
+        L = s.L
+        self._ids.array[0], self._pos.array[0], self._lidx.array[0] = s.root, L, 0
+        self._mask.array[:L + 1] = True  # the [1, 1, L + 1] mask: every committed row and the root
+        self.padding.bound += L
+        self.padding.used += L
+        self._past_t[0] = L
+        self._run_target(1, 1, 1, L)
+        s.stats.rounds += 1
+        try:
+            self._plain_step(s, 0, 0)
+        except Exception as e:  # noqa: BLE001 - as in round: this request fails alone
+            s.error, s.tokens = e, []
+        if s.reason is None and s.error is None:  # as the end of _draft_context
+            s.L += 1
+            s.root = s.tokens[-1]
+        opened = self.backend.open_s - opened0
+        self._account([s], [False], time.perf_counter() - t0 - opened)
         return self._retire()
 
     def _judge(self, slots: list[Slot], spec: list[bool]) -> None:

@@ -18,7 +18,7 @@ from eagle_export.manifest import Manifest
 from eagle_export.tree_params import TreeParams
 
 from .shared_weights import SHARED_CONFIG, SharedWeights
-from .views import BufferView, view_of
+from .views import BufferView, SplitInputs, view_of
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class OrtGraph:
         self._bound_in: dict[str, BufferView] = {}  # name -> what it is bound to now
         self._bound_out: dict[str, BufferView] = {}
         self._same_outputs = None  # the read-only outputs mapping of the last run, when it was one
+        self._same_fixed = None  # the read-only fixed part of the last run's SplitInputs, when it was one
         self.last_exec_s = 0.0
 
     def run(self, inputs: dict, outputs: dict) -> None:
@@ -167,7 +168,8 @@ class OrtGraph:
 
         Values are BufferViews (runtime/views.py), or contiguous tensors and arrays (viewed here).
         ``outputs`` may be a read-only ``types.MappingProxyType``: passed again as the same object, its
-        bindings are taken as they are (the generator makes one per call shape; nothing can change it).
+        bindings are taken as they are (the generator makes one per call shape; nothing can change it); so may
+        the ``fixed`` part of ``SplitInputs``.
 
         The IO binding keeps its bindings between runs, so a name is rebound only when its address,
         type or shape changed: in a round most calls move only the cache views. Host inputs of a
@@ -179,11 +181,16 @@ class OrtGraph:
         if len(inputs) != self._n_in:
             self._refuse(f"got {sorted(inputs)} and {sorted(outputs)}")
         bound, rebind_host = self._bound_in, self._rebind_host
-        for name, x in inputs.items():
+        split = type(inputs) is SplitInputs
+        # the fixed part of split inputs, bound by the last run as it is (read-only): only the rest is looked at
+        same = split and not rebind_host and inputs.fixed is self._same_fixed
+        self._same_fixed = None  # until every input is bound (a bind that fails leaves the bindings unknown)
+        for name, x in (inputs.changing if same else inputs).items():
             if type(x) is not BufferView:
                 x = view_of(x)
             if bound.get(name) != x or (rebind_host and x[3] == "cpu"):
                 self._bind(name, x, True)
+        self._same_fixed = inputs.fixed if split and type(inputs.fixed) is MappingProxyType else None
         if outputs is not self._same_outputs:  # a read-only mapping seen last run: every output is bound already
             if outputs.keys() != self.output_names:
                 self._refuse(f"got {sorted(inputs)} and {sorted(outputs)}")

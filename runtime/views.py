@@ -38,6 +38,20 @@ class BufferView(NamedTuple):
 _new_view = tuple.__new__  # BufferView from a tuple without NamedTuple's Python-level __new__ (hot loop)
 
 
+class SplitInputs(dict):
+    """A call's inputs as one mapping (every backend reads it as a dict) that also says which part is fixed: ``fixed``,
+    a read-only mapping the caller makes once per call shape (the fused target graph's 2 x layers cache views), and
+    ``changing``, what the caller fills per call (ids, positions, the mask). A backend that keeps its bindings may
+    skip looking at ``fixed`` when it is the same object it bound last run (nothing can change it)."""
+
+    __slots__ = ("fixed", "changing")
+
+    def __init__(self, fixed, changing: dict):
+        super().__init__(fixed)
+        self.update(changing)
+        self.fixed, self.changing = fixed, changing
+
+
 def tensor_address(t: torch.Tensor) -> int:
     """Where the tensor's data starts. torch reports 0 for an empty tensor (e.g. the cache prefix before the
     first prefill, past_len 0); a backend wants a non-null address for every tensor, so an empty view gets the

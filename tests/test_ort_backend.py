@@ -11,6 +11,7 @@ import torch
 from onnx import TensorProto, helper
 
 from eagle_export.runtime.ort_backend import OrtGraph, session_options
+from eagle_export.runtime.views import SplitInputs
 
 
 @pytest.fixture()
@@ -163,3 +164,39 @@ def test_spin_per_phase_applies_to_each_phases_sessions(models):
 
     assert allow(be.target_graph) == "1"
     assert allow(C.DRAFT_GRAPH) == "0" and allow(C.tree_call(m.tree_defaults.top_k, m.tree_defaults.depth)) == "0"
+
+
+def test_split_inputs_fixed_part_seen_last_run_is_not_rechecked(graph, monkeypatch):
+    """SplitInputs' read-only fixed part, the same object as last run, is not looked at again (the fused target's
+    2 x layers cache views); another fixed part is checked and bound; and after a run that failed while binding, the
+    next run checks everything (the failed run may have rebound a fixed name)."""
+    calls = count_binds(graph, monkeypatch)
+    seen: list[str] = []
+
+    class Spy(dict):
+        def get(self, k, d=None):
+            seen.append(k)
+            return super().get(k, d)
+
+    x, x2 = np.full(4, 1, dtype=np.float32), np.full(4, 100, dtype=np.float32)
+    y = np.zeros(4, dtype=np.float32)
+    z = torch.zeros(4)
+    outs = MappingProxyType({"z": z})
+    f1, f2 = MappingProxyType({"x": x}), MappingProxyType({"x": x2})
+    graph.run(SplitInputs(f1, {"y": y}), outs)
+    assert sorted(calls) == ["x", "y", "z"] and z.tolist() == [1] * 4
+    graph._bound_in = Spy(graph._bound_in)
+    calls.clear()
+    y[:] = 2
+    graph.run(SplitInputs(f1, {"y": y}), outs)
+    assert seen == ["y"] and calls == [] and z.tolist() == [3] * 4
+    seen.clear()
+    graph.run(SplitInputs(f2, {"y": y}), outs)  # another fixed part: checked, x rebound
+    assert seen == ["x", "y"] and calls == ["x"] and z.tolist() == [102] * 4
+    graph.run(SplitInputs(f1, {"y": y}), outs)
+    assert z.tolist() == [3] * 4
+    with pytest.raises(ValueError, match="contiguous"):  # binds x to x2, then fails on y
+        graph.run(SplitInputs(f2, {"y": torch.zeros(8)[::2]}), outs)
+    seen.clear()
+    graph.run(SplitInputs(f1, {"y": y}), outs)  # x is checked again and bound back to x
+    assert "x" in seen and z.tolist() == [3] * 4
