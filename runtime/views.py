@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -38,18 +39,27 @@ class BufferView(NamedTuple):
 _new_view = tuple.__new__  # BufferView from a tuple without NamedTuple's Python-level __new__ (hot loop)
 
 
-class SplitInputs(dict):
-    """A call's inputs as one mapping (every backend reads it as a dict) that also says which part is fixed: ``fixed``,
+class SplitInputs(Mapping):
+    """A call's inputs as one mapping (every backend reads it as one) that also says which part is fixed: ``fixed``,
     a read-only mapping the caller makes once per call shape (the fused target graph's 2 x layers cache views), and
-    ``changing``, what the caller fills per call (ids, positions, the mask). A backend that keeps its bindings may
-    skip looking at ``fixed`` when it is the same object it bound last run (nothing can change it)."""
+    ``changing``, what the caller fills per call (the mask; the standard graph's past views), with no name in both.
+    A backend that keeps its bindings may skip looking at ``fixed`` when it is the same object it bound last run
+    (nothing can change it). Nothing is copied: merging the two into a dict cost more than the binding it saves."""
 
     __slots__ = ("fixed", "changing")
 
-    def __init__(self, fixed, changing: dict):
-        super().__init__(fixed)
-        self.update(changing)
+    def __init__(self, fixed: Mapping, changing: dict):
         self.fixed, self.changing = fixed, changing
+
+    def __getitem__(self, name: str):
+        return self.changing[name] if name in self.changing else self.fixed[name]
+
+    def __iter__(self):
+        yield from self.fixed
+        yield from self.changing
+
+    def __len__(self) -> int:
+        return len(self.fixed) + len(self.changing)
 
 
 def tensor_address(t: torch.Tensor) -> int:
