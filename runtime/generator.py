@@ -1162,11 +1162,15 @@ class Generator:
     def _shadow(self, s: Slot, r0: int, active: int) -> None:
         """A guarded slot in plain rounds: the lag's context pass just predicted, at each of its rows, the token after
         the next (its top-k ids, rows [r0, r0 + m)); how often the base tree's top_k held the real one (the next lag
-        token) is the draft's depth-1 acceptance on these tokens, which the guard reads (``Guard.shadow``)."""
+        token) over the last ``shadow_window`` of them is the draft's depth-1 acceptance on the text the next rounds
+        continue, which the guard reads (``Guard.shadow``). The last ones, not all: a read 30 tokens after a switch
+        that averaged a bad stretch with the perfect one after it kept a request plain that would have paid."""
         lag, k = s.lag, s.base.top_k
-        ids = self._rows_np("dids", r0, r0 + len(lag) - 1)[:, :k]
-        hits = sum(int(t in row) for t, row in zip(lag[1:], ids.tolist(), strict=True))
-        s.guard.shadow(hits, len(lag) - 1, s.base.depth, self._cost_ratio(active, s.base, s.L))
+        n = min(len(lag) - 1, s.guard.policy.shadow_window)
+        start = len(lag) - 1 - n  # rows [r0 + start, r0 + len(lag) - 1) predict lag[start + 1:]
+        ids = self._rows_np("dids", r0 + start, r0 + len(lag) - 1)[:, :k]
+        hits = sum(int(t in row) for t, row in zip(lag[start + 1:], ids.tolist(), strict=True))
+        s.guard.shadow(hits, n, s.base.depth, self._cost_ratio(active, s.base, s.L))
 
     def _finish(self, s: Slot, reason: str) -> None:
         s.stats.decode_s = time.perf_counter() - s.t_join - s.stats.prefill_s

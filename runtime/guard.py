@@ -60,6 +60,7 @@ class GuardPolicy:
     budget: float = 0.02  # a probe's expected loss, at most this share of the plain rounds between probes
     shadow_every: int = 16  # in plain rounds, the draft reads the tokens every this many (0: never; see shadow())
     read_budget: float = 0.03  # shadow reads at most this share of the plain rounds' time (their measured cost)
+    shadow_window: int = 16  # a shadow read judges the draft on the last this many tokens it read
     prior_rounds: int = 4  # the runtime's running tau for the tree starts a request's, weighing as this many rounds
     window: int = 4  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
     cost_ratio: float | None = None
@@ -81,7 +82,8 @@ class GuardPolicy:
         real("confidence", 0.0, 10.0)
         real("budget", 1e-6, 1.0)
         real("read_budget", 1e-6, 1.0)
-        for name in ("min_rounds", "probe_rounds", "first_interval", "max_interval", "prior_rounds", "window"):
+        for name in ("min_rounds", "probe_rounds", "first_interval", "max_interval", "prior_rounds", "window",
+                     "shadow_window"):
             count(name)
         if isinstance(self.shadow_every, bool) or not isinstance(self.shadow_every, int) or self.shadow_every < 0:
             raise GenerationError(f"guard shadow_every must be an integer >= 0, got {self.shadow_every!r}")

@@ -173,7 +173,7 @@ def test_policy_checks():
                      (dict(probe_rounds=1.5), "probe_rounds"), (dict(first_interval=9, max_interval=8), "max_interval"),
                      (dict(budget=0), "budget"), (dict(cost_ratio=0), "cost_ratio"), (dict(alpha=True), "alpha"),
                      (dict(confidence=-1), "confidence"), (dict(shadow_every=-1), "shadow_every"),
-                     (dict(read_budget=0), "read_budget")):
+                     (dict(read_budget=0), "read_budget"), (dict(shadow_window=0), "shadow_window")):
         with pytest.raises(GenerationError, match=msg):
             GuardPolicy(**bad).validate()
 
@@ -314,6 +314,22 @@ def test_shadow_reads_bring_speculation_back_before_any_probe(switching):
         tails[every] = res.stats.spec_flags[-10:], res.stats.accept_lengths[-6:-1]
     assert tails[0] == ([False] * 10, [0] * 5)
     assert tails[16] == ([True] * 10, [4] * 5)
+
+
+def test_a_shadow_read_judges_the_draft_on_its_last_tokens(switching):
+    """A read that lags over the end of the wrong stretch (22-28 wrong tokens, then right ones) at a cost of 4 plain
+    steps a round: over all its tokens the draft's depth-1 acceptance (about 0.7) says a round would not pay, over
+    its last 16 (all right) that it would; only the windowed read brings the request back before it ends."""
+    art, cycle = switching
+    rare = dict(first_interval=1000, max_interval=1000, cost_ratio=4.0, shadow_every=96)
+    tails = {}
+    for window in (16, 10 ** 6):
+        with EagleRuntime.open(art, threads=1, guard=GuardPolicy(**rare, shadow_window=window)) as rt:
+            res = rt.generate(prompt_ids=[cycle[0]], max_new_tokens=N_NEW, stop_on_eos=False)
+        assert res.tokens == cycle[1:N_NEW + 1] and res.stats.guard_switches == 1
+        tails[window] = res.stats.spec_flags[-5:]
+    assert tails[16] == [True] * 5
+    assert tails[10 ** 6] == [False] * 5
 
 
 def test_a_traced_request_drafts_every_round(switching):
