@@ -375,6 +375,24 @@ def test_bench_peer_ort_genai_on_the_bigram(bigram, tmp_path):
     assert peer["build_s"] is None and peer["eos_token_ids"] == [EOS] and peer["equal"] is True
     assert [r["peer_new_tokens"] for r in stopped["prompts"]] == [r["new_tokens"] for r in stopped["prompts"]] == [4, 8]
 
+    # bench runs the peer in a process of its own (ChildPeer): another pid, its failures a PeerError naming the
+    # child's error, the same tokens as in ours, and the process gone after close
+    import os
+
+    child = pog.ChildPeer(pog.OrtGenaiPeer(Path(peer["model_dir"]), "fp32", 1, None))
+    try:
+        assert child._proc.pid != os.getpid() and child._proc.poll() is None
+        with pytest.raises(pog.PeerError, match="failed in its process: .*Error"):
+            child.generate([cycle[0]], 4)  # no model opened yet
+        child.set_eos([EOS])
+        run = child.generate([cycle[0]], 24)
+        inner = pog.OrtGenaiPeer(Path(peer["model_dir"]), "fp32", 1, None)
+        inner.set_eos([EOS])
+        assert run.tokens == inner.generate([cycle[0]], 24).tokens and run.seconds > 0
+    finally:
+        child.close()
+    assert child._proc.poll() is not None
+
 
 def test_runs_interleaved_with_a_peer_are_spaced_by_the_settle_pause(gqa):
     """With a peer, every run (ours and the peer's) is followed by an untimed pause of SETTLE_S before the next

@@ -593,7 +593,8 @@ def open_peer(session: PairedSession, name: str, *, precision: str | None, targe
     prec = pog.choose_precision(raw, precision)
     target_dir = pog.resolve_target(session.manifest.target.source, target)
     cache_dir = Path(cache) if cache is not None else Path(session.artifact) / "peers"
-    return pog.OrtGenaiPeer.prepare(target_dir, precision=prec, cache=cache_dir, threads=threads, log=log)
+    return pog.ChildPeer(pog.OrtGenaiPeer.prepare(target_dir, precision=prec, cache=cache_dir, threads=threads,
+                                                  log=log))
 
 
 def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None = None, max_new_tokens: int = 64,
@@ -624,22 +625,28 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
             given.validate(s.manifest.tree_limits)
         tree = given if given is not None else s.manifest.default_tree(s.rt.max_batch)  # what EAGLE runs
         the_peer = None
-        if peer is not None:
-            the_peer = open_peer(s, peer, precision=peer_precision, target=peer_target, cache=peer_cache,
-                                 threads=threads, log=say)
-            eos = list(s.manifest.target.eos_token_ids)
-            if stop_at_eos:
-                the_peer.set_eos(eos)
-            else:  # an id our plain decoding of these prompts never makes (fp32: neither does the peer; checked)
-                say("our plain decoding of every prompt once, to choose an EOS id the peer never meets (not counted)")
-                made = {t for i in range(len(s.specs)) for t in s.run(i, max_new_tokens, given, False).tokens}
-                the_peer.set_eos([choose_unused_id(s.manifest.target.vocab_size, made, set(eos))])
-        if warmup:
-            say("warm-up")
-            s.warm_up(given, max_new_tokens, stop_on_eos=stop_at_eos)
+        try:
+            if peer is not None:
+                the_peer = open_peer(s, peer, precision=peer_precision, target=peer_target, cache=peer_cache,
+                                     threads=threads, log=say)
+                eos = list(s.manifest.target.eos_token_ids)
+                if stop_at_eos:
+                    the_peer.set_eos(eos)
+                else:  # an id our plain decoding of these prompts never makes (fp32: neither does the peer; checked)
+                    say("our plain decoding of every prompt once, to choose an EOS id the peer never meets "
+                        "(not counted)")
+                    made = {t for i in range(len(s.specs)) for t in s.run(i, max_new_tokens, given, False).tokens}
+                    the_peer.set_eos([choose_unused_id(s.manifest.target.vocab_size, made, set(eos))])
+            if warmup:
+                say("warm-up")
+                s.warm_up(given, max_new_tokens, stop_on_eos=stop_at_eos)
+                if the_peer is not None:
+                    the_peer.generate(s.prompt_ids[0], max_new_tokens)
+            rows = s.measure(given, max_new_tokens, log=say, stop_on_eos=stop_at_eos, repeats=repeats,
+                             peer=the_peer)
+        finally:
             if the_peer is not None:
-                the_peer.generate(s.prompt_ids[0], max_new_tokens)
-        rows = s.measure(given, max_new_tokens, log=say, stop_on_eos=stop_at_eos, repeats=repeats, peer=the_peer)
+                the_peer.close()
     spec_accepts = [a for r in rows for a in r.spec_accept_lengths]
     split, plain = time_splits(rows)
     return BenchReport(
