@@ -671,8 +671,9 @@ class Generator:
             s = slots[0]
             if s.req.tuned and tuned is not KEEP:
                 s.base = tuned
-            if s.base is None and s.req.tree is None and s.tree is None:
-                return self._plain_round(s, t0, opened0)
+            guarded = s.guard is not None and s.base is not None
+            if s.base is None or (guarded and s.guard.mode == PLAIN):
+                return self._plain_round(s, guarded, t0, opened0)
         for s in slots:
             if s.req.tuned and tuned is not KEEP:
                 s.base = tuned
@@ -709,12 +710,16 @@ class Generator:
         self._account(slots, spec, time.perf_counter() - t0 - opened)
         return self._retire()
 
-    def _plain_round(self, s: Slot, t0: float, opened0: float) -> list[Slot]:
-        """``round`` for one sequence that never drafts (``--no-draft``, or an artifact whose default is no draft):
-        what ``round`` does for it (its one-row verify, ``_plain_step``, the accounting), without the steps that have
-        nothing to do for it (tree growth, the guard, the draft's context pass, the lag rows). On a small model the
-        loop's own host work is a tenth of a plain step, and those steps were half of it."""
-        s.guarded = s.leaving = False
+    def _plain_round(self, s: Slot, guarded: bool, t0: float, opened0: float) -> list[Slot]:
+        """``round`` for one sequence whose round has no draft: one that never drafts (``--no-draft``, an artifact
+        whose default is no draft), or one the guard runs plain (``guarded``). What ``round`` does for it (its
+        one-row verify, ``_plain_step``, the guard's verdict, the lag rows of a request that can draft, the
+        accounting), without the steps that have nothing to do (tree growth and selection, the draft's context
+        pass). On a small model the loop's own host work is a tenth of a plain step, and those steps were half of
+        it."""
+        s.guarded, s.leaving = guarded, False
+        if s.tree is not None:
+            self._set_tree(s, None)
         self._fit(self.active)
         L = s.L
         self._ids.array[0], self._pos.array[0], self._lidx.array[0] = s.root, L, 0
@@ -728,9 +733,13 @@ class Generator:
             self._plain_step(s, 0, 0)
         except Exception as e:  # noqa: BLE001 - as in round: this request fails alone
             s.error, s.tokens = e, []
+        if guarded:
+            self._judge([s], [False])
         if s.reason is None and s.error is None:  # as the end of _draft_context
             s.L += 1
             s.root = s.tokens[-1]
+        if s.req.tree is not None:  # a request that can draft: the draft reads this token later
+            self._keep_lag([s], 1)
         opened = self.backend.open_s - opened0
         self._account([s], [False], time.perf_counter() - t0 - opened)
         return self._retire()
