@@ -375,6 +375,12 @@ def test_bench_peer_ort_genai_on_the_bigram(bigram, tmp_path):
     assert peer["build_s"] is None and peer["eos_token_ids"] == [EOS] and peer["equal"] is True
     assert [r["peer_new_tokens"] for r in stopped["prompts"]] == [r["new_tokens"] for r in stopped["prompts"]] == [4, 8]
 
+    # the table says when each side ran on its own default thread count (bench_json gives both --threads 1)
+    for threads, says in (((), True), (("--threads", 1), False)):
+        r = cli("bench", art, *common, "--max-new-tokens", 8, *threads)
+        assert r.exit_code == 0, r.output
+        assert ("threads: each decoder's own default" in r.stdout) is says
+
     # bench runs the peer in a process of its own (ChildPeer): another pid, its failures a PeerError naming the
     # child's error, the same tokens as in ours, and the process gone after close
     import os

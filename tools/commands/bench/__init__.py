@@ -342,6 +342,9 @@ class BenchReport:
                 f"no-draft {pe.no_draft_vs_peer:.2f}x",
                 f"peer tokens == our no-draft tokens: {pe.equal_prompts} of {pe.prompts} prompts",
             ]
+            if self.threads is None:
+                lines.append("threads: each decoder's own default, which differ (onnxruntime-genai's ran 10-25% slower "
+                             "than on 2 threads on a 2-core machine): --threads N gives both N, like for like")
         lines += [
             f"peak memory: {self.peak_rss_mb:.0f} MiB (the process's peak resident set size, ru_maxrss)",
             f"lossless (EAGLE tokens == no-draft tokens on every prompt): {self.lossless}",
