@@ -62,7 +62,7 @@ class GuardPolicy:
     read_budget: float = 0.03  # shadow reads at most this share of the plain rounds' time (their measured cost)
     shadow_window: int = 16  # a shadow read judges the draft on the last this many tokens it read
     prior_rounds: int = 4  # the runtime's running tau for the tree starts a request's, weighing as this many rounds
-    window: int = 4  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
+    window: int = 3  # a collapse: the last this many speculative rounds' mean below half the break-even switches off
     cost_ratio: float | None = None
 
     def validate(self) -> GuardPolicy:

@@ -92,9 +92,10 @@ def test_a_noisy_draft_needs_more_evidence_than_a_dead_one():
 
 
 def test_a_collapse_after_a_good_stretch_is_caught_by_the_window():
-    # Ten rounds of 8 keep the running tau high for many rounds after a collapse; the last 4 rounds' mean (1) below
-    # half the break-even (0.85 x 3 / 2) switches off after the fourth collapsed round.
-    assert runs(feed(Guard(GuardPolicy()), [8] * 10 + [1] * 14, 3.0)) == [(SPEC, 14), (PLAIN, 10)]
+    # Ten rounds of 8 keep the running tau high for many rounds after a collapse; the last 3 rounds' mean (1) below
+    # half the break-even (0.85 x 3 / 2) switches off after the third collapsed round.
+    assert runs(feed(Guard(GuardPolicy()), [8] * 10 + [1] * 14, 3.0)) == [(SPEC, 13), (PLAIN, 11)]
+    assert runs(feed(Guard(GuardPolicy(window=4)), [8] * 10 + [1] * 14, 3.0)) == [(SPEC, 14), (PLAIN, 10)]
     assert set(feed(Guard(GuardPolicy(window=100)), [8] * 10 + [1] * 14, 3.0)) == {SPEC}  # the running tau alone
 
 

@@ -44,4 +44,4 @@ def test_replay_prints_every_policy(tmp_path):
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     assert sum(ln.startswith("  always drafting") for ln in lines) == 2
-    assert sum(ln.startswith("  default (both)") for ln in lines) == 2
+    assert sum(ln.startswith("  default (all three)") for ln in lines) == 2

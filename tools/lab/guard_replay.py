@@ -30,13 +30,15 @@ import click
 
 from eagle_export.runtime.guard import PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 
-# The policies compared: the one before shadow reads were spaced by their cost and judged on their last tokens, each
-# of those two changes alone, and the default.
+# The policies compared: the one before 2026-12-06 (reads every 8/16/32... tokens judged on all they read, a collapse
+# caught over 4 rounds), each of that day's three changes alone, and the default (all three).
+BEFORE = GuardPolicy(shadow_window=10 ** 6, window=4)
 POLICIES = {
-    "before (reads every 8/16/32..., all lagged tokens)": (GuardPolicy(shadow_window=10 ** 6), False),
-    "+ reads spaced by their cost": (GuardPolicy(shadow_window=10 ** 6), True),
-    "+ reads judged on their last 16 tokens": (GuardPolicy(), False),
-    "default (both)": (GuardPolicy(), True),
+    "before (reads every 8/16/32..., all lagged tokens, window 4)": (BEFORE, False),
+    "+ reads spaced by their cost": (BEFORE, True),
+    "+ reads judged on their last 16 tokens": (replace(BEFORE, shadow_window=16), False),
+    "+ a collapse caught over 3 rounds": (replace(BEFORE, window=3), False),
+    "default (all three)": (GuardPolicy(), True),
 }
 
 
@@ -132,7 +134,7 @@ def replay(recording: Path, ratio: str, read_cost: float) -> None:
                 k += min(acc[k] + 1, len(acc) - k)
                 rounds += 1
             always.append((len(acc) - 1) / (rounds * r))
-        click.echo(f"  {'always drafting':54s} speed vs plain: all {_total(rec, always):.3f}x, worst prompt "
+        click.echo(f"  {'always drafting':62s} speed vs plain: all {_total(rec, always):.3f}x, worst prompt "
                    f"{min(always):.3f}x")
         for name, (policy, floor) in POLICIES.items():
             costs = RoundCosts()
@@ -140,7 +142,7 @@ def replay(recording: Path, ratio: str, read_cost: float) -> None:
                                                               read_cost, costs, tree)
                       for p in rec["prompts"]]
             vs = [s / a for s, a in zip(speeds, always, strict=True)]
-            click.echo(f"  {name:54s} speed vs plain: all {_total(rec, speeds):.3f}x, worst prompt "
+            click.echo(f"  {name:62s} speed vs plain: all {_total(rec, speeds):.3f}x, worst prompt "
                        f"{min(speeds):.3f}x, median {statistics.median(speeds):.3f}x; vs always drafting: median "
                        f"{statistics.median(vs):.3f}x, worst {min(vs):.3f}x")
 
