@@ -44,7 +44,8 @@ class SplitInputs(Mapping):
     a read-only mapping the caller makes once per call shape (the fused target graph's 2 x layers cache views), and
     ``changing``, what the caller fills per call (the mask; the standard graph's past views), with no name in both.
     A backend that keeps its bindings may skip looking at ``fixed`` when it is the same object it bound last run
-    (nothing can change it). Nothing is copied: merging the two into a dict cost more than the binding it saves."""
+    (nothing can change it). Nothing is copied per call (a merged dict of 37 names was a visible part of a plain
+    step's host work on the fixture)."""
 
     __slots__ = ("fixed", "changing")
 
