@@ -368,7 +368,7 @@ class Generator:
             io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
-    def _draft_io(self, a: int, n: int, feat_rows: int) -> tuple[dict, MappingProxyType]:
+    def _draft_io(self, a: int, n: int, feat_rows: int) -> tuple[MappingProxyType, MappingProxyType]:
         key = ("d", a, n, feat_rows)
         io = self._io_memo.get(key)
         if io is None:
@@ -379,10 +379,10 @@ class Generator:
                     C.HIDDEN: self._buf("dhidden", a, n)}
             present = self.dcache.new_block_views(a, n)
             outs.update(zip(self._draft_names[1], present, strict=True))
-            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+            io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
-    def _tree_io(self, a: int, n: int, cand: int) -> tuple[dict, MappingProxyType]:
+    def _tree_io(self, a: int, n: int, cand: int) -> tuple[MappingProxyType, MappingProxyType]:
         key = ("x", a, n, cand)
         io = self._io_memo.get(key)
         if io is None:
@@ -395,7 +395,7 @@ class Generator:
                     C.CONTEXT_HIDDEN: x["hidden"][:a]}
             outs = {k: view_of(v) for k, v in outs.items()}
             outs.update(zip(self._draft_names[1], self.dcache.new_block_views(a, n), strict=True))
-            io = self._io_memo[key] = (ins, MappingProxyType(outs))
+            io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
     def _past(self, cache: KVCache, a: int, past: int, base: int = 0) -> list:
@@ -426,9 +426,9 @@ class Generator:
         """The draft over the tokens in ``_ids`` [a, n]: their embedding rows are gathered here, then the call."""
         self._embed(a * n)
         fixed, outputs = self._draft_io(a, n, feat_rows)
-        inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
-        inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
+        changing.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        inputs = SplitInputs(fixed, changing)
         t0 = time.perf_counter()
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self._t_draft += time.perf_counter() - t0
@@ -440,9 +440,9 @@ class Generator:
         self._embed(a * n)
         self._x_n = cand = k + depth * k * k
         fixed, outputs = self._tree_io(a, n, cand)
-        inputs = fixed.copy()
-        inputs[C.ATTENTION_MASK] = self._host(self._mask, a, n, past + n)
-        inputs.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
+        changing.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        inputs = SplitInputs(fixed, changing)
         t0 = time.perf_counter()
         self.backend.run(C.tree_call(k, depth), inputs, outputs)
         self._t_draft += time.perf_counter() - t0
