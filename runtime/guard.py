@@ -312,23 +312,22 @@ class RoundCosts:
         if not seconds > 0:
             return
         self.rounds += 1
-        table, key = (self._plain, active) if tree is None else (self._spec, (active, tree))
-        old = table.get(key)
-        if old is None:
-            table[key] = _Recent([seconds], rows, self.rounds)
-            return
-        old.times.append(seconds)
-        del old.times[:-self.WINDOW]
-        old.at, old.n = rows, self.rounds
+        if tree is None:
+            self._push(self._plain, active, seconds, rows)
+        else:
+            self._push(self._spec, (active, tree), seconds, rows)
 
     def record_read(self, active: int, seconds: float, rows: int) -> None:
         """One shadow read (the draft's pass over a plain request's lagging tokens) in a round of ``active``
         sequences took ``seconds``."""
-        if not seconds > 0:
-            return
-        old = self._read.get(active)
+        if seconds > 0:
+            self._push(self._read, active, seconds, rows)
+
+    def _push(self, table: dict, key, seconds: float, rows: int) -> None:
+        """``seconds`` into ``table[key]``'s last ``WINDOW`` times."""
+        old = table.get(key)
         if old is None:
-            self._read[active] = _Recent([seconds], rows, self.rounds)
+            table[key] = _Recent([seconds], rows, self.rounds)
             return
         old.times.append(seconds)
         del old.times[:-self.WINDOW]

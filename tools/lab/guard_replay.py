@@ -138,7 +138,7 @@ def replay(recording: Path, ratio: str, read_cost: float) -> None:
                    f"{min(always):.3f}x")
         for name, (policy, floor) in POLICIES.items():
             costs = RoundCosts()
-            speeds = [(len(p["accepted"]) - 1) / replay_one(replace(policy), floor, p["accepted"], depth, r,
+            speeds = [(len(p["accepted"]) - 1) / replay_one(policy, floor, p["accepted"], depth, r,
                                                               read_cost, costs, tree)
                       for p in rec["prompts"]]
             vs = [s / a for s, a in zip(speeds, always, strict=True)]
