@@ -113,6 +113,45 @@ def test_runtime_runs_the_fused_graph_where_the_operator_supports_the_target(mod
     assert not rt.generator.fused and set(rt.backend.graphs) == {C.TARGET_GRAPH, tree_call}
 
 
+# What a fused call computes besides its layers: the embedding and first norm, the mask as a bias, the cache
+# lengths, and the gather of the rows whose logits are asked for. 16 nodes, each run on every call.
+CALL_NODES = 16
+
+
+def _ort_optimized_ops(path) -> list[str]:
+    """Op types of a graph as ONNX Runtime's CPU provider runs it (all optimisations, written back out)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = f"{tmp}/optimized.onnx"
+        opts.log_severity_level = 3
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        g = onnx.load(f"{tmp}/optimized.onnx", load_external_data=False).graph
+        return [n.op_type for n in g.node], [n.op_type for n in g.node if "logits" in n.output]
+
+
+def test_fused_call_runs_no_shape_arithmetic(models):
+    """Outside its layers a fused call runs a handful of nodes: a traced ``expand`` to a traced size (or a width
+    read from a tensor's shape) adds a Shape/Concat/Reshape/Equal/Where chain that ONNX Runtime runs on every call,
+    and a float32 ``.float()`` a Cast onto the logits that it does not remove; on a one-millisecond step each such
+    node costs about 1%."""
+    _, _, art = models("mha")
+    m = load_manifest(art)
+    ops, logits_from = _ort_optimized_ops(art / m.graphs[C.TARGET_FUSED_GRAPH].file)
+    layer_ops = {"MatMul", "FusedMatMul", "Gemm", "GroupQueryAttention", "SkipSimplifiedLayerNormalization",
+                 "Mul", "Sigmoid", "QuickGelu"}
+    per_call = [op for op in ops if op not in layer_ops]
+    assert ops.count("GroupQueryAttention") == m.target.num_layers
+    assert not {"Reshape", "Equal", "ConstantOfShape", "Concat"} & set(per_call), sorted(per_call)
+    assert len(per_call) <= CALL_NODES, sorted(per_call)
+    assert logits_from != ["Cast"], "a float32 graph casts its logits to float32"
+
+
 @pytest.mark.parametrize("past", [11, 14])
 @pytest.mark.parametrize("rows", [[0, 1, 2], [0, 2, 5], [0, 1, 4, 5, 9], [0], [0, 3]])
 def test_fused_cache_commit_moves_the_accepted_rows(rows, past):

@@ -80,11 +80,11 @@ class FusedTargetVerify(nn.Module):
         return attn.o_proj(out), pk, pv
 
     def forward(self, input_ids, position_ids, attention_mask, logit_indices, *cache):
-        bsz, seq = input_ids.shape
         dtype = self.cos_cache.dtype
         # Sizes as tensors, so the trace keeps them dynamic: total_len from the mask, one seqlens_k per sequence.
         total32 = torch._shape_as_tensor(attention_mask)[2].to(torch.int32)
-        seqlens_k = (total32 - 1).expand(bsz)
+        # expand_as, not expand(bsz): a traced expand to a traced size adds a chain of shape nodes per call.
+        seqlens_k = (total32 - 1).expand_as(input_ids[:, 0])
         zero = torch.zeros((), dtype=dtype)
         bias = torch.where(attention_mask, zero, torch.full((), MASK_MIN, dtype=torch.float32).to(dtype))
         bias = bias.unsqueeze(1)  # [B, 1, T, total]
@@ -209,14 +209,12 @@ def pad_one_row_attention(model: onnx.ModelProto) -> int:
     zeros = {k: const(f"zeros{k}", [0] * k) for k in (3, 4, 6)}
     added: list[onnx.NodeProto] = []
     for op, inputs, out, attrs in (
-        ("Shape", [pos], "shape", {}),  # [batch, new_tokens]
-        ("ReduceProd", [f"{P}/shape"], "rows", {"keepdims": 0}),
+        ("Size", [pos], "rows", {}),  # batch x new_tokens
         ("Equal", [f"{P}/rows", one], "is_one", {}),
         ("Cast", [f"{P}/is_one"], "pad", {"to": TensorProto.INT64}),
         ("Unsqueeze", [f"{P}/pad", ax0], "pad1", {}),
         ("Cast", [f"{P}/pad"], "pad32", {"to": TensorProto.INT32}),
-        ("Gather", [f"{P}/shape", one], "new", {"axis": 0}),
-        ("Unsqueeze", [f"{P}/new", ax0], "new1", {}),
+        ("Shape", [pos], "new1", {"start": 1, "end": 2}),  # [new_tokens]
         ("Concat", [zeros[3], f"{P}/pad1"], "pads_pos", {"axis": 0}),  # [B, T]: T end
         ("Concat", [zeros[4], f"{P}/pad1", zero1], "pads_qkv", {"axis": 0}),  # [B, T, W]: T end
         ("Concat", [zeros[6], f"{P}/pad1", f"{P}/pad1"], "pads_bias", {"axis": 0}),  # [B, 1, T, total]: T, total ends

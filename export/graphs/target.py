@@ -83,5 +83,10 @@ def target_outputs(normed, taps: dict, feature_layers: list[int] | None, logit_i
         feats = normed
     else:
         feats = torch.cat([taps[i] for i in feature_layers], -1)
-    rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, normed.shape[-1]))
-    return (lm_head(rows).float(), feats, *presents)
+    # The width as a Python int, not normed.shape[-1]: traced, that is a chain of shape nodes (Shape, Gather,
+    # Unsqueeze, Concat, Reshape, Equal, Where) that ONNX Runtime runs on every call; a constant folds away.
+    width = int(lm_head.weight.shape[-1])
+    rows = torch.gather(normed, 1, logit_indices.unsqueeze(-1).expand(-1, -1, width))
+    logits = lm_head(rows)
+    # No Cast when the logits are float32 already: a Cast onto a graph output is not removed by ONNX Runtime.
+    return (logits if logits.dtype == torch.float32 else logits.float(), feats, *presents)
