@@ -1113,9 +1113,9 @@ class Generator:
                 return False
             if len(s.lag) > room:
                 return True
-            if s.guard is None or len(s.lag) < MIN_READ:
-                return False
-            return s.guard.shadow_due(len(s.lag), self.costs.read_ratio(len(slots)) if measured else None)
+            if s.guard is None or len(s.lag) < MIN_READ or not s.guard.shadow_due(len(s.lag)):
+                return False  # the schedule alone says no: the cost figures are not looked up (every plain round)
+            return not measured or s.guard.shadow_due(len(s.lag), self.costs.read_ratio(len(slots)))
         t0, opened0 = time.perf_counter(), self.backend.open_s
         if self._draft_lag(slots, due):
             opened = self.backend.open_s - opened0  # a session opened for it is not its cost
