@@ -50,7 +50,7 @@ from eagle_export.tree_params import TreeParams
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
-from .guard import DEFAULT_POLICY, MIN_READ, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
+from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 from .kv_cache import FusedKVCache, KVCache
 from .logprobs import token_logprobs
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
@@ -167,6 +167,8 @@ class Slot:
     guard: Guard | None = None  # the speculation guard of a drafting request (None: off)
     guarded: bool = False  # this round's mode came from the guard (the request could draft this round)
     leaving: bool = False  # the guard turned speculation off after this round: its tokens go to the lag rows
+    # lag tokens before which no flush or shadow read of the lag rows is due (``Generator._read_at``; 0: look again)
+    read_at: int = 0
     # the runtime's running tau for the request's tree (RoundCosts.prior: tau, variance, rounds; the guard's start)
     prior: tuple[float, float, float] | None = None
 
@@ -679,6 +681,7 @@ class Generator:
                 s.base = tuned
             # The guard may make a drafting request's round plain (its mode, decided after its last round).
             s.guarded = s.guard is not None and s.base is not None
+            s.read_at = 0  # a speculative round may change the guard's state: its reads' schedule with it
             want = None if s.guarded and s.guard.mode == PLAIN else s.base
             if s.tree != want:
                 self._set_tree(s, want)
@@ -1101,25 +1104,34 @@ class Generator:
                 rows = s.acc.indices + b * tt if s.leaving else self._arange[b * tt:b * tt + 1]
                 self._gather("lagfeats", b * P + len(s.lag), "tfeats", rows)
                 s.lag.extend(s.tokens)
-        # A round adds at most max_context_rows tokens: flush while the next round's still fit. A guarded slot in plain
-        # rounds also flushes every shadow_every tokens, and the flush tells its guard how the draft did on them.
-        room = P - self.m.tree_limits.max_context_rows
-        # what a read costs in plain rounds, as measured (not with a pinned cost ratio: then only tokens decide);
-        # looked up only where a read could be due (none before MIN_READ lagging tokens)
-        measured = self.guard is not None and self.guard.cost_ratio is None
+        if all(len(s.lag) < s.read_at for s in slots):
+            return  # the usual plain round: nothing is due before read_at, the figures are not looked at
 
         def due(s: Slot) -> bool:
             if s.reason is not None or s.error is not None:
                 return False
-            if len(s.lag) > room:
-                return True
-            if s.guard is None or len(s.lag) < MIN_READ or not s.guard.shadow_due(len(s.lag)):
-                return False  # the schedule alone says no: the cost figures are not looked up (every plain round)
-            return not measured or s.guard.shadow_due(len(s.lag), self.costs.read_ratio(len(slots)))
+            s.read_at = self._read_at(s, len(slots))
+            return len(s.lag) >= s.read_at
         t0, opened0 = time.perf_counter(), self.backend.open_s
         if self._draft_lag(slots, due):
             opened = self.backend.open_s - opened0  # a session opened for it is not its cost
             self.costs.record_read(len(slots), time.perf_counter() - t0 - opened, max(s.L for s in slots))
+
+    def _read_at(self, s: Slot, active: int) -> int:
+        """The lag tokens from which slot s's lag rows are read: a flush, while the next round's rows still fit (a
+        round adds at most max_context_rows), or a guarded slot's shadow read in plain rounds (``Guard.read_need``,
+        spaced by what a read costs as measured; not with a pinned cost ratio: then only tokens decide), which tells
+        its guard how the draft did. Kept in ``Slot.read_at`` until the lag reaches it or the slot's guard state
+        changes (a read, a speculative round): a read's cost that falls meanwhile moves a read later, never
+        earlier."""
+        at = self._lag_rows - self.m.tree_limits.max_context_rows + 1
+        g = s.guard
+        need = None if g is None else g.read_need()
+        if need is not None and need < at:
+            if g.policy.cost_ratio is None:  # measured
+                need = g.read_need(self.costs.read_ratio(active))
+            at = min(at, need)
+        return at
 
     def _draft_lag(self, slots: list[Slot], due, grow: bool = False) -> bool:
         """The draft's context pass over the lagging tokens of the slots ``due`` selects, in one call (as
@@ -1166,6 +1178,7 @@ class Generator:
                     if s.guard is not None and s.guard.mode == PLAIN and s.base is not None and m > 1:
                         self._shadow(s, b * mm, a)
                 s.lag.clear()
+                s.read_at = 0
         return True
 
     def _shadow(self, s: Slot, r0: int, active: int) -> None:

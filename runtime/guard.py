@@ -187,23 +187,30 @@ class Guard:
         return self.mode
 
     def shadow_due(self, lagged: int, read_cost: float | None = None) -> bool:
-        """Is a shadow read due, with ``lagged`` tokens unread? The first after a switch comes at half of
-        ``shadow_every`` (at least ``MIN_READ``), so that a dip is over sooner; the next ``shadow_every`` later, and
-        each later one twice as far as the one before, twice more for every probe that failed since (a draft that
-        keeps reading badly, or reads well but does not pay, is read and probed ever more rarely; the lag rows' own
-        flushes, every few hundred tokens, are reads too). read_cost: what a read costs in plain rounds (measured;
-        None: unknown): reads are never closer than what keeps that cost within ``read_budget`` of the plain rounds
-        between them (where a draft call costs a plain step, a read every 8 tokens made plain rounds 12% slower)."""
+        """Is a shadow read due, with ``lagged`` tokens unread? (``read_need``.)"""
+        need = self.read_need(read_cost)
+        return need is not None and lagged >= need
+
+    def read_need(self, read_cost: float | None = None) -> int | None:
+        """The unread tokens from which a shadow read is due (None: none is, in this state). The first after a switch
+        comes at half of ``shadow_every`` (at least ``MIN_READ``), so that a dip is over sooner; the next
+        ``shadow_every`` later, and each later one twice as far as the one before, twice more for every probe that
+        failed since (a draft that keeps reading badly, or reads well but does not pay, is read and probed ever more
+        rarely; the lag rows' own flushes, every few hundred tokens, are reads too). read_cost: what a read costs in
+        plain rounds (measured; None: unknown): reads are never closer than what keeps that cost within
+        ``read_budget`` of the plain rounds between them (where a draft call costs a plain step, a read every 8
+        tokens made plain rounds 12% slower). It changes only with the state (a read, a switch, a probe) and the
+        cost, so a caller may keep it between rounds (``Generator._keep_lag``)."""
         p = self.policy
         if not p.shadow_every or self.mode != PLAIN or self.calibrating:
-            return False
+            return None
         if self.reads == 0 and not self.failed:
             need = max(MIN_READ, p.shadow_every // 2)
         else:
             need = max(MIN_READ, min(p.shadow_every << (max(self.reads - 1, 0) + self.failed), p.max_interval))
         if read_cost is not None:
             need = max(need, min(math.ceil(read_cost / p.read_budget), p.max_interval))
-        return lagged >= need
+        return need
 
     def shadow(self, hits: int, seen: int, depth: int, ratio: float | None) -> str:
         """In plain rounds: the draft has just read ``seen`` committed tokens (the lag rows' context pass), and its

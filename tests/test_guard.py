@@ -430,6 +430,25 @@ def test_measured_reads_are_spaced_by_their_cost(switching):
     assert forwards[1e-6] < forwards[1.0]
 
 
+def test_runtime_reads_on_the_guards_schedule(switching):
+    """A request the guard keeps plain (leave and enter out of reach, no probe, a pinned cost): its draft reads the
+    lagging tokens when ``Guard.read_need`` says, 8 then 16, 32 and 64 tokens later (120 of its ~240 plain tokens),
+    not the 128 after those: four draft passes more than with reads off. The runtime keeps the next read's lag count
+    between rounds (``Slot.read_at``); a count kept past a read, or one that does not follow the doubling, reads
+    more or fewer times."""
+    art, cycle = switching
+    forwards = {}
+    for every in (16, 0):
+        policy = GuardPolicy(leave=10.0, enter=10.0, first_interval=1024, max_interval=1024, cost_ratio=2.0,
+                             shadow_every=every)
+        with EagleRuntime.open(art, threads=1, guard=policy) as rt:
+            res = rt.generate(prompt_ids=[cycle[0]], max_new_tokens=N_NEW, stop_on_eos=False)
+        assert res.tokens == cycle[1:N_NEW + 1]
+        assert res.stats.spec_rounds == 3 and res.stats.plain_rounds > 200
+        forwards[every] = res.stats.draft_forwards
+    assert forwards[16] - forwards[0] == 4
+
+
 def test_guarded_batch_keeps_each_sequence_plain_decodings(models):
     """Four slots, requests joining and leaving, each with its own guard switching often (mixed rounds: some slots
     draft, some run plain, some leave with their accepted path in the lag rows, lag rows flushed and read): every
