@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -153,6 +154,13 @@ class OrtGraph:
         # target call binds 2 x layers cache views); the C binding takes one made once. Private API of the pinned
         # onnxruntime: without it the public calls are used.
         self._raw = getattr(self.binding, "_iobinding", None)
+        # The same for the run: the public run_with_iobinding checks for WebGPU graph capture (never used here) on
+        # every call before it calls the C binding.
+        raw_session = getattr(self.session, "_sess", None)
+        if self._raw is None or raw_session is None:
+            self._run = partial(self.session.run_with_iobinding, self.binding)
+        else:
+            self._run = partial(raw_session.run_with_iobinding, self._raw, None)
         self._devices: dict[tuple[str, int], object] = {}
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = {o.name for o in self.session.get_outputs()}
@@ -202,7 +210,7 @@ class OrtGraph:
                     self._bind(name, x, False)
             self._same_outputs = outputs if type(outputs) is MappingProxyType else None
         t0 = time.perf_counter()
-        self.session.run_with_iobinding(self.binding)
+        self._run()
         self.last_exec_s = time.perf_counter() - t0
 
     def _refuse(self, got: str):
