@@ -428,12 +428,17 @@ class Generator:
         """The draft over the tokens in ``_ids`` [a, n]: their embedding rows are gathered here, then the call."""
         self._embed(a * n)
         fixed, outputs = self._draft_io(a, n, feat_rows)
-        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
-        changing.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
-        inputs = SplitInputs(fixed, changing)
+        inputs = self._draft_inputs(fixed, a, n, past, base)
         t0 = time.perf_counter()
         self.backend.run(C.DRAFT_GRAPH, inputs, outputs)
         self._t_draft += time.perf_counter() - t0
+
+    def _draft_inputs(self, fixed, a: int, n: int, past: int, base: int) -> SplitInputs:
+        """A draft call's inputs (step or tree graph): its fixed bindings, and per call the mask and the past views
+        of ``past`` rows from row ``base``."""
+        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
+        changing.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
+        return SplitInputs(fixed, changing)
 
     def _run_tree(self, a: int, n: int, past: int, k: int, depth: int, base: int = 0) -> None:
         """The draft tree graph of top_k ``k``, cut to ``depth`` levels, over the context rows in ``_ids`` [a, n]
@@ -442,9 +447,7 @@ class Generator:
         self._embed(a * n)
         self._x_n = cand = k + depth * k * k
         fixed, outputs = self._tree_io(a, n, cand)
-        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
-        changing.update(zip(self._draft_names[0], self._past(self.dcache, a, past, base), strict=True))
-        inputs = SplitInputs(fixed, changing)
+        inputs = self._draft_inputs(fixed, a, n, past, base)
         t0 = time.perf_counter()
         self.backend.run(C.tree_call(k, depth), inputs, outputs)
         self._t_draft += time.perf_counter() - t0
@@ -669,16 +672,16 @@ class Generator:
         t0 = time.perf_counter()
         self._t_draft = self._t_target = 0.0
         opened0 = self.backend.open_s  # a session opened in this round is not its cost
+        if tuned is not KEEP:
+            for s in slots:
+                if s.req.tuned:
+                    s.base = tuned
         if len(slots) == 1:
             s = slots[0]
-            if s.req.tuned and tuned is not KEEP:
-                s.base = tuned
             guarded = s.guard is not None and s.base is not None
             if s.base is None or (guarded and s.guard.mode == PLAIN):
                 return self._plain_round(s, guarded, t0, opened0)
         for s in slots:
-            if s.req.tuned and tuned is not KEEP:
-                s.base = tuned
             # The guard may make a drafting request's round plain (its mode, decided after its last round).
             s.guarded = s.guard is not None and s.base is not None
             s.read_at = 0  # a speculative round may change the guard's state: its reads' schedule with it
@@ -727,8 +730,7 @@ class Generator:
         L = s.L
         self._ids.array[0], self._pos.array[0], self._lidx.array[0] = s.root, L, 0
         self._mask.array[:L + 1] = True  # the [1, 1, L + 1] mask: every committed row and the root
-        self.padding.bound += L
-        self.padding.used += L
+        self.padding.add(L, L)
         self._past_t[0] = L
         self._run_target(1, 1, 1, L)
         s.stats.rounds += 1
