@@ -145,6 +145,11 @@ def main() -> None:
               help="Quantize the draft graphs too (their MatMuls and the lm_head they read), or keep them float "
                    "[default: quantize: a float draft level costs a third of an int4 step at the 1B shape, an int4 "
                    "one a tenth; the target verifies every token either way].")
+@click.option("--quantize-draft-only", type=click.Choice(["int4", "int8"]), default=None,
+              help="With --quantize none: quantize the draft graphs alone, the target staying float (so every token "
+                   "it keeps): a cheaper draft call, acceptance may move (int8 kept the fixture's; docs/bench.md, "
+                   "\"A quantized draft on a float target\"). Takes the --quantize-block-size, -symmetric and "
+                   "-accuracy-level settings.")
 @click.option("--quantize-lm-head/--quantize-float-lm-head", default=True, show_default=True,
               help="Quantize the target's lm_head as its other MatMuls (onnxruntime-genai's int4 builder does too; "
                    "a tied embedding keeps its float copy), or keep it float: at 128k-token vocabularies a float "
@@ -173,8 +178,8 @@ def main() -> None:
 @click.option("--quiet", is_flag=True, help="No progress output (a bar on a terminal, else one line per step).")
 def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, max_depth, max_total_tokens,
                top_k, depth, total_tokens, max_batch, fused, draft_tree, draft_tree_top_k, quantize,
-               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_lm_head,
-               quantize_inexact_trees, feature_layers,
+               quantize_block_size, quantize_symmetric, quantize_accuracy_level, quantize_draft, quantize_draft_only,
+               quantize_lm_head, quantize_inexact_trees, feature_layers,
                head_reading, draft_vocab, draft_vocab_corpus, overwrite, quiet) -> None:
     """Trace the target verify graph and the draft step graph to ONNX in OUT."""
     from .export.checkpoint.hub import resolve_checkpoint
@@ -185,15 +190,21 @@ def export_cmd(target_dir, draft_dir, out_dir, dtype, max_seq_len, max_top_k, ma
     draft_dir = resolve_checkpoint(draft_dir, "--draft", progress=not quiet)
     layers = None if feature_layers is None else _parse_ids(feature_layers, "--feature-layers")
     tree_ks = None if draft_tree_top_k is None else tuple(_parse_ids(draft_tree_top_k, "--draft-tree-top-k"))
+    if quantize != "none" and quantize_draft_only is not None:
+        raise click.UsageError(f"--quantize-draft-only takes --quantize none: --quantize {quantize} quantizes the "
+                               "draft with the target already (unless --quantize-float-draft)")
     if quantize == "none":
         given = [o for o, v in (("--quantize-draft", quantize_draft is True),
                                 ("--quantize-float-draft", quantize_draft is False),
-                                ("--quantize-asymmetric", not quantize_symmetric),
+                                ("--quantize-asymmetric", not quantize_symmetric and quantize_draft_only is None),
                                 ("--quantize-inexact-trees", quantize_inexact_trees),
                                 ("--quantize-float-lm-head", not quantize_lm_head)) if v]
         if given:
-            raise click.UsageError(f"{given[0]} needs --quantize int4 or int8")
-        quant = None
+            raise click.UsageError(f"{given[0]} needs --quantize int4 or int8"
+                                   + (" or --quantize-draft-only" if given[0] == "--quantize-asymmetric" else ""))
+        quant = None if quantize_draft_only is None else QuantizeOptions(
+            bits=int(quantize_draft_only[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
+            accuracy_level=quantize_accuracy_level, draft=True, lm_head=False, target=False)
     else:
         quant = QuantizeOptions(bits=int(quantize[3:]), block_size=quantize_block_size, symmetric=quantize_symmetric,
                                 accuracy_level=quantize_accuracy_level, draft=quantize_draft is not False,

@@ -231,7 +231,8 @@ class QuantizationInfo:
     (DequantizeLinear -> MatMul, which TensorRT builds when symmetric and ONNX Runtime fuses into MatMulNBits at the
     session's ``session.qdq_matmulnbits_accuracy_level``, set to ``accuracy_level`` by the runtime). ``lm_head``:
     the target's output projection is quantized too (a tied embedding keeps its float copy); ``draft``: the draft
-    graphs are, the lm_head they read included. ``one_row_scratch``: the fused
+    graphs are, the lm_head they read included; ``target``: the target graphs are (False: `export
+    --quantize-draft-only`, a float target whose draft alone is quantized). ``one_row_scratch``: the fused
     target graph runs a call of one row of one sequence as two rows (export/graphs/fused.py ``pad_one_row_attention``),
     the second a scratch row written to the cache row after the call's, so that a plain decoding step computes its row
     exactly as a verify computes it."""
@@ -246,13 +247,15 @@ class QuantizationInfo:
     graphs: dict[str, str]  # graph name -> form
     matmuls: dict[str, int] = field(default_factory=dict)  # graph name -> MatMuls quantized
     one_row_scratch: bool = False
+    target: bool = True
 
     @property
     def rounds_activations(self) -> bool:
-        """ONNX Runtime's MatMulNBits rounds each input row at this accuracy level (4: to int8 per block; 2 and 3:
-        to a 16-bit float where the CPU has such a kernel), which turns a verify row's last-bit differences from the
-        same row decoded alone into visible ones: EAGLE is exact on chain trees only (tools/lab/results.md)."""
-        return self.accuracy_level > 1
+        """The target's MatMulNBits round each input row at this accuracy level (4: to int8 per block; 2 and 3: to a
+        16-bit float where the CPU has such a kernel), which turns a verify row's last-bit differences from the same
+        row decoded alone into visible ones: EAGLE is exact on chain trees only (tools/lab/results.md). False where
+        only the draft is quantized: the draft's rounding changes what it proposes, never what the target keeps."""
+        return self.target and self.accuracy_level > 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -263,7 +266,7 @@ class QuantizationInfo:
                    symmetric=bool(d["symmetric"]), accuracy_level=int(d["accuracy_level"]), draft=bool(d["draft"]),
                    lm_head=bool(d["lm_head"]), graphs={str(k): str(v) for k, v in d["graphs"].items()},
                    matmuls={str(k): int(v) for k, v in (d.get("matmuls") or {}).items()},
-                   one_row_scratch=bool(d.get("one_row_scratch", False)))
+                   one_row_scratch=bool(d.get("one_row_scratch", False)), target=bool(d.get("target", True)))
 
 
 #: The manifest key of QuantizationInfo (absent: float weights).
@@ -525,6 +528,9 @@ def check_manifest(m: Manifest, path: Path | str = MANIFEST_NAME) -> None:
             if name not in m.graphs or form not in QUANT_FORMS:
                 fail(f"quantization.graphs names {name!r} in form {form!r}: not a graph of the artifact in one of "
                      f"{', '.join(QUANT_FORMS)}")
+        if not q.target and (not q.draft or C.TARGET_GRAPH in q.graphs or C.TARGET_FUSED_GRAPH in q.graphs):
+            fail("quantization.target is false (a float target) but the record quantizes "
+                 + ("no draft graph" if not q.draft else "a target graph"))
     e = m.draft_embedding
     if e.hidden_size != d.hidden_size or e.vocab_size != t.vocab_size or e.dtype != m.dtype:
         fail(f"draft_embedding is a {e.vocab_size} x {e.hidden_size} {e.dtype} table, but the draft embeds "

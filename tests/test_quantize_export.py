@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from eagle_export import contract as C
 from eagle_export.cli import main
-from eagle_export.errors import EagleExportError, EngineError
+from eagle_export.errors import EagleExportError, EngineError, ManifestError
 from eagle_export.export.quantization.artifact import QuantizeOptions
-from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
+from eagle_export.manifest import MANIFEST_NAME, Manifest, check_manifest, load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands.bench import peer as pog
 from eagle_export.tree_params import TreeLimits, TreeParams
@@ -141,7 +141,9 @@ def test_bad_quantize_settings_fail_in_one_line(tiny, tmp_path):
              (["--quantize-float-draft"], "--quantize-float-draft needs --quantize"),
              (["--quantize-asymmetric"], "--quantize-asymmetric needs --quantize"),
              (["--quantize-float-lm-head"], "--quantize-float-lm-head needs --quantize"),
-             (["--quantize", "int4", "--dtype", "bf16"], "--quantize takes --dtype fp32 or fp16")]
+             (["--quantize", "int4", "--dtype", "bf16"], "--quantize takes --dtype fp32 or fp16"),
+             (["--quantize", "int4", "--quantize-draft-only", "int8"], "--quantize-draft-only takes --quantize none"),
+             (["--quantize-draft-only", "int8", "--quantize-float-draft"], "--quantize-float-draft needs")]
     for i, (extra, msg) in enumerate(cases):
         res = runner.invoke(main, [*base, "--out", str(tmp_path / f"o{i}"), *extra])
         assert res.exit_code != 0 and msg in res.output, (extra, res.output)
@@ -163,6 +165,44 @@ def test_the_draft_is_quantized_by_default_and_float_draft_keeps_it_float(tiny, 
         draft_float = _float_matmul_weights(out / f"{C.DRAFT_GRAPH}.onnx")
         assert (draft_float == []) is quantized, draft_float
         assert _float_matmul_weights(out / f"{C.TARGET_FUSED_GRAPH}.onnx") == []
+
+
+def test_quantize_draft_only_keeps_the_target_float_and_its_tokens(models):
+    """`export --quantize-draft-only int4`: the draft graphs quantized, the target graphs the float export's bytes,
+    the default tree left branching (a float target is exact on any tree), EAGLE's tokens the float target's own
+    greedy tokens with drafts accepted, the peer bench comparing with fp32, and validate passing (the EAGLE-1/2
+    head's reference gets its own dequantized lm_head while the target's stays float)."""
+    from eagle_export.tools.commands.validate import validate
+
+    float_art = models(**SMALL)[2]
+    art = models(**SMALL, quantize=QuantizeOptions(bits=4, lm_head=False, target=False))[2]
+    m = load_manifest(art)
+    q = m.quantization
+    assert not q.target and q.draft and not q.rounds_activations
+    assert set(q.graphs) == {C.DRAFT_GRAPH, *(name for name, _ in C.tree_graphs(m.graphs).values())}
+    assert m.tree_defaults == load_manifest(float_art).tree_defaults and m.tree_defaults.top_k > 1
+    for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH):
+        assert not {"MatMulNBits", "DequantizeLinear"} & set(_ops(art / f"{g}.onnx")), g
+        assert (art / f"{g}.onnx").read_bytes() == (float_art / f"{g}.onnx").read_bytes(), g
+    data = f"{C.TARGET_GRAPH}.onnx.data"
+    assert (art / data).read_bytes() == (float_art / data).read_bytes()
+    assert _float_matmul_weights(art / f"{C.DRAFT_GRAPH}.onnx") == []
+    raw = json.loads((art / MANIFEST_NAME).read_text())
+    assert pog.artifact_precision(raw) == "fp32"
+    raw["quantization"]["graphs"][C.TARGET_GRAPH] = "qdq"  # a record that contradicts itself
+    with pytest.raises(ManifestError, match="quantization.target is false .* quantizes a target graph"):
+        check_manifest(Manifest.from_dict(raw))
+    rt, float_rt = EagleRuntime.open(art, threads=1), EagleRuntime.open(float_art, threads=1)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        prompt = rng.integers(3, 48, int(rng.integers(2, 12))).tolist()
+        eagle = rt.generate(prompt_ids=prompt, max_new_tokens=24, stop_on_eos=False)
+        plain = float_rt.generate(prompt_ids=prompt, max_new_tokens=24, use_draft=False, stop_on_eos=False)
+        assert eagle.tokens == plain.tokens, prompt
+        assert eagle.stats.rounds < 24
+    report = validate(art, prompts=2, max_new_tokens=10, threads=1)
+    assert report.passed, report.format()
+    assert "quantization int4 (the draft alone;" in report.format()
 
 
 def test_asymmetric_artifact_refuses_a_tensorrt_build(int8):

@@ -69,6 +69,7 @@ class QuantizeOptions:
     lm_head: bool = True
     # Keep a branching default tree at an accuracy level that rounds the activations (``exact_default_tree``).
     inexact_trees: bool = False
+    target: bool = True
 
     def check(self) -> None:
         """One-line errors for settings neither MatMulNBits nor DequantizeLinear can take."""
@@ -81,6 +82,8 @@ class QuantizeOptions:
             raise QuantizeError(f"--quantize-accuracy-level must be one of {', '.join(map(str, ACCURACY_LEVELS))}, "
                                 f"got {self.accuracy_level}")
         check_settings(self.bits, self.block_size, self.accuracy_level)  # the pass's own rules, the same
+        if not (self.target or self.draft):
+            raise QuantizeError("quantizing neither the target nor the draft: nothing to quantize")
 
 
 def exact_default_tree(tree: TreeParams, options: QuantizeOptions | None) -> TreeParams:
@@ -95,8 +98,8 @@ def exact_default_tree(tree: TreeParams, options: QuantizeOptions | None) -> Tre
     diverged"). A chain's accepted path sits in consecutive columns, as plain decoding's does, and is computed bit
     for bit alike (with the fused graph's one-row padding), so EAGLE stays exact by default; branching trees remain
     available per request and to `tune --inexact-trees`, which report the divergences they cause."""
-    if options is None or options.inexact_trees or options.accuracy_level <= 1 or tree.top_k == 1:  # see
-        # QuantizationInfo.rounds_activations
+    if (options is None or not options.target or options.inexact_trees or options.accuracy_level <= 1
+            or tree.top_k == 1):  # see QuantizationInfo.rounds_activations
         return tree
     return TreeParams(1, tree.depth, min(tree.total_tokens, candidate_count(1, tree.depth)))
 
@@ -265,8 +268,8 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
     forms: dict[str, str] = {}
     counts: dict[str, int] = {}
     # Standard graphs first: the fused target graph and the draft tree graph point at what they keep of those.
-    todo = [g for g in (C.TARGET_GRAPH,) if g in graphs] + ([C.DRAFT_GRAPH] if options.draft else [])
-    todo += [g for g in graphs if g == C.TARGET_FUSED_GRAPH or C.is_tree_graph(g)]
+    todo = [g for g in (C.TARGET_GRAPH,) if g in graphs and options.target] + ([C.DRAFT_GRAPH] if options.draft else [])
+    todo += [g for g in graphs if (g == C.TARGET_FUSED_GRAPH and options.target) or C.is_tree_graph(g)]
     rewritten: dict[str, dict[int, int]] = {}  # data file -> old offset -> new offset, of the files rewritten so far
     one_row_scratch = False
     done: list[_Graph] = []
@@ -310,4 +313,5 @@ def quantize_artifact_graphs(directory: Path, options: QuantizeOptions, graphs: 
             onnx.checker.check_model(str(directory / f"{name}.onnx"))
     return QuantizationInfo(method=f"int{options.bits}", bits=options.bits, block_size=options.block_size,
                             symmetric=options.symmetric, accuracy_level=options.accuracy_level, draft=options.draft,
-                            lm_head=options.lm_head, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch)
+                            lm_head=options.lm_head, graphs=forms, matmuls=counts, one_row_scratch=one_row_scratch,
+                            target=options.target)

@@ -41,12 +41,13 @@ class PeerError(EagleExportError):
 
 def artifact_precision(manifest_raw: dict) -> str:
     """The peer precision that matches an artifact: "int4" when its manifest's quantization record
-    (``eagle_export.manifest.QuantizationInfo``, written by `export --quantize int4`) says 4 bits, else "fp32"
-    (fp32, fp16 and int8 artifacts compare with ORT GenAI's fp32 build)."""
+    (``eagle_export.manifest.QuantizationInfo``, written by `export --quantize int4`) says its target has 4 bits,
+    else "fp32" (fp32, fp16 and int8 artifacts, and float targets with a quantized draft, compare with ORT GenAI's
+    fp32 build)."""
     from eagle_export.manifest import QUANTIZATION_KEY
 
     q = manifest_raw.get(QUANTIZATION_KEY)
-    return "int4" if isinstance(q, dict) and q.get("bits") == 4 else "fp32"
+    return "int4" if isinstance(q, dict) and q.get("bits") == 4 and q.get("target", True) else "fp32"
 
 
 def choose_precision(manifest_raw: dict, override: str | None) -> str:

@@ -61,9 +61,11 @@ class QuantReport:
     def format(self) -> list[str]:
         s = self.settings
         ok = "PASS" if self.passed else "FAIL"
-        lines = [f"quantization {s['method']} (block {s['block_size']}, "
+        which = ("the draft alone" if not s.get("target", True) else
+                 "target" + (" and lm_head" if s["lm_head"] else "") + (" and draft" if s["draft"] else ""))
+        lines = [f"quantization {s['method']} ({which}; block {s['block_size']}, "
                  f"{'symmetric' if s['symmetric'] else 'asymmetric'}, accuracy level {s['accuracy_level']}"
-                 f"{', draft and lm_heads too' if s['draft'] else ''}): graphs compared with the dequantized "
+                 f"): graphs compared with the dequantized "
                  f"weights at accuracy level {self.parity_level}",
                  f"  lossless at the artifact's settings (EAGLE == --no-draft): {ok} ({self.lossless_prompts} "
                  f"prompts, {self.lossless_tokens} tokens)"]
@@ -118,10 +120,10 @@ def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
 @torch.no_grad()
 def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: QuantizationInfo, dtype: str) -> None:
     """Give the PyTorch reference, in place, the weights the artifact's graphs hold: each nn.Linear the export
-    quantized gets ``W'`` of its weight at the artifact's dtype (the decoder layers' projections; with ``q.lm_head``
-    the target's lm_head; with ``q.draft`` the draft head's, its lm_head included). A tied lm_head is untied (the
-    embedding stays float, as in the artifact); an EAGLE-1/2 head, which reads the target's lm_head, keeps a float
-    copy of it when only the target's is quantized (its graphs hold the float one). Raises when the count differs
+    quantized gets ``W'`` of its weight at the artifact's dtype (with ``q.target`` the decoder layers' projections,
+    and with ``q.lm_head`` the target's lm_head; with ``q.draft`` the draft head's, its lm_head included). A tied
+    lm_head is untied (the embedding stays float, as in the artifact); an EAGLE-1/2 head, which reads the target's
+    lm_head, gets its own copy of it when one side quantizes it and the other does not. Raises when the count differs
     from the manifest's (a model this rebuild does not cover)."""
     from eagle_export.dtypes import DTYPES
     from eagle_export.export.quantization.matmuls import quantize_weight
@@ -137,9 +139,11 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
                 np.ascontiguousarray(quantize_weight(k_n, q.bits, q.block_size, q.symmetric).dequantized.T))
         linear.weight = torch.nn.Parameter(done[id(linear)].to(w.dtype), requires_grad=False)
 
-    if q.lm_head and not q.draft and getattr(head, "lm_head", None) is lm.lm_head:
-        head.lm_head = copy.deepcopy(lm.lm_head)
-    target = [lin for layer in lm.model.layers for lin in _linears(layer)] + ([lm.lm_head] if q.lm_head else [])
+    target_lm_head = q.target and q.lm_head
+    if target_lm_head != q.draft and getattr(head, "lm_head", None) is lm.lm_head:
+        head.lm_head = copy.deepcopy(lm.lm_head)  # one side quantized, the other float
+    target = ([lin for layer in lm.model.layers for lin in _linears(layer)] + ([lm.lm_head] if target_lm_head else [])
+              if q.target else [])
     want = q.matmuls.get(C.TARGET_GRAPH)
     if want is not None and len(target) != want:
         raise EagleExportError(f"validate: the artifact quantized {want} MatMuls of {C.TARGET_GRAPH} but the "
