@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 import torch
 from draft_vocab_bench import export_step, level_feeds, main, make_head
 
@@ -13,12 +14,16 @@ from eagle_export import contract as C
 from eagle_export.export.graphs.heads import prune_vocab
 
 
-def test_runs_at_a_small_shape_and_leaves_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("quantize", ["none", "int4"])
+def test_runs_at_a_small_shape_and_leaves_nothing(tmp_path, capsys, quantize):
     main(["--hidden", "64", "--heads", "4", "--kv-heads", "2", "--intermediate", "128", "--vocab", "3000", "--keep",
           "500", "--rows", "1,3", "--past", "16", "--threads", "1", "--reps", "2", "--workdir", str(tmp_path),
-          "--profile"])
+          "--profile", "--quantize", quantize])
     out = capsys.readouterr().out
     assert "--draft-vocab 500" in out and "cut/full" in out and "kernel ms per call" in out
+    # int4: the data file holds the quantized weights (under half a MiB; the float one about 1 MiB)
+    full_mib = float(out.split("data ")[1].split(" MiB")[0])
+    assert (full_mib < 0.5) is (quantize == "int4"), out
     assert list(tmp_path.iterdir()) == []
 
 

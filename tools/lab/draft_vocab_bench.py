@@ -1,7 +1,7 @@
 """What does `export --draft-vocab N` save per draft level at the Llama-3.2-1B shape? Measured on ONNX Runtime CPU.
 
     .venv/bin/python tools/lab/draft_vocab_bench.py [--hidden 2048] [--vocab 128256] [--keep 32768]
-        [--rows 1,4] [--past 256] [--threads 2] [--reps 15] [--workdir /tmp]
+        [--rows 1,4] [--past 256] [--threads 2] [--reps 15] [--workdir /tmp] [--quantize int4|int8]
 
 An EAGLE-1/2 draft level is the head's one decoder layer plus the target's lm_head and a top-k over its vocabulary;
 at the 1B shape the lm_head (128256 x 2048) is most of the level's weights. The draft graph does not depend on the
@@ -12,8 +12,10 @@ random weights, the target's lm_head a random ``[V, H]`` Linear) and traces ``Dr
 rows does not change the cost). Both are the graphs `export` writes for such a head (lean path: weights streamed into
 the data file). Then one tree level (``--rows`` fed-back rows over ``--past`` cached rows, the runtime's call) is
 timed on both sessions, interleaved call by call, after two warm-up calls each; best and median per graph.
-``--profile`` also runs each graph under ONNX Runtime's profiler and splits its kernel time into the lm_head's MatMul
-and the rest (the head's layer, fc, attention, top-k): the rest is what pruning cannot shrink.
+``--quantize`` quantizes both graphs' MatMuls as `export --quantize` (or `--quantize-draft-only`) does the draft's
+(block 32, symmetric, accuracy level 4; the lm_head included). ``--profile`` also runs each graph under ONNX
+Runtime's profiler and splits its kernel time into the lm_head's MatMul and the rest (the head's layer, fc,
+attention, top-k): the rest is what pruning cannot shrink.
 
 Timings are for reading, never for pass/fail: run it where you deploy.
 """
@@ -86,9 +88,17 @@ def level_feeds(hidden: int, kv: int, hd: int, rows: int, past: int) -> dict[str
             C.past_value(0): rng.standard_normal((1, past, kv, hd)).astype(f32)}
 
 
+def quantize_step(directory: Path, bits: int) -> None:
+    """The step graph in ``directory`` quantized in place by the export's own pass (the draft alone)."""
+    from eagle_export.export.quantization.artifact import QuantizeOptions, quantize_artifact_graphs
+
+    quantize_artifact_graphs(directory, QuantizeOptions(bits=bits, lm_head=False, target=False), [C.DRAFT_GRAPH])
+
+
 def session(path: Path, threads: int, profile: str | None = None) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "4")  # a quantized graph's, as exported
     if profile is not None:
         opts.enable_profiling = True
         opts.profile_file_prefix = profile
@@ -127,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="split each graph's kernel time: lm_head and the rest")
+    ap.add_argument("--quantize", choices=["none", "int4", "int8"], default="none",
+                    help="quantize both draft graphs as the export does (the lm_head included)")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=a.workdir, prefix="draft-vocab-bench-") as tmp:
         full, cut = Path(tmp) / "full" / "draft_step.onnx", Path(tmp) / "cut" / "draft_step.onnx"
@@ -138,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
         prune_vocab(head, torch.arange(a.keep))
         export_step(head, cut)
         del head
+        if a.quantize != "none":
+            for d in (full.parent, cut.parent):
+                quantize_step(d, int(a.quantize[3:]))
         print(f"exported both step graphs in {time.perf_counter() - t0:.0f} s: data "
               f"{(full.parent / 'draft_step.onnx.data').stat().st_size / 2**20:.0f} MiB (full) vs "
               f"{(cut.parent / 'draft_step.onnx.data').stat().st_size / 2**20:.0f} MiB (--draft-vocab {a.keep})")
