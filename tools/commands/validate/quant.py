@@ -62,7 +62,7 @@ class QuantReport:
         s = self.settings
         ok = "PASS" if self.passed else "FAIL"
         which = ("the draft alone" if not s.get("target", True) else
-                 "target" + (" and lm_head" if s["lm_head"] else "") + (" and draft" if s["draft"] else ""))
+                 ", ".join(["the target"] + ["its lm_head"] * bool(s["lm_head"]) + ["the draft"] * bool(s["draft"])))
         lines = [f"quantization {s['method']} ({which}; block {s['block_size']}, "
                  f"{'symmetric' if s['symmetric'] else 'asymmetric'}, accuracy level {s['accuracy_level']}"
                  f"): graphs compared with the dequantized "
