@@ -280,11 +280,16 @@ class RoundCosts:
     nothing refreshes it, and one measured in a slow moment (the first calls of a session, another process's threads
     spinning) would otherwise keep every later request plain (its shadow reads and probes judge against it). Without
     it ``ratio`` is None, which the guard reads as "unknown": a request starts speculating, a shadow read probes, and
-    the probe's rounds measure the figure afresh. A draft that loses pays for that probe once per ``SPEC_STALE``
-    rounds at most (2 rounds of 2-4 plain steps: under 3%)."""
+    the probe's rounds measure the figure afresh. Where they measure it again at what it was (at least ``CONFIRMED``
+    of the dropped ratio: not a slow moment after all), the next drop waits twice as many rounds, up to
+    ``SPEC_STALE_MAX``; where they measure it much lower, ``SPEC_STALE`` again. So a draft that loses pays for those
+    rounds ever more rarely: with a fixed horizon a head trained for another target, on a shallow target, cost 128-token
+    requests 7% (every other request speculated for the 3 rounds it takes to judge, 0.90x plain decoding)."""
 
     WINDOW = 9  # rounds of each kind the median is over
-    SPEC_STALE = 128  # rounds (of any kind) after which a speculative figure not updated since is dropped
+    SPEC_STALE = 128  # rounds (of any kind) after which a speculative figure not updated since is dropped (at first)
+    SPEC_STALE_MAX = 16 * SPEC_STALE  # the longest that horizon grows
+    CONFIRMED = 0.8  # a figure measured afresh at this fraction of the dropped one or more confirms it
     TAU_ALPHA = 0.05  # weight of the newest round in the running tau across requests
     STALE = 2.0  # a plain figure measured at L rows is refreshed (``stale``) past STALE * L + 64 rows
 
@@ -293,6 +298,8 @@ class RoundCosts:
         self._plain: dict[int, _Recent] = {}
         self._read: dict[int, _Recent] = {}  # the draft's lag passes in plain rounds (shadow reads), per sequences
         self._tau: dict = {}  # tree -> [running tau, running variance, rounds] over every request's speculative rounds
+        self._horizon: dict[tuple, int] = {}  # (sequences, tree) -> rounds after which its figure is stale
+        self._dropped: dict[tuple, float] = {}  # (sequences, tree) -> the ratio its figure had when dropped
         self.rounds = 0  # rounds recorded
 
     def note_tau(self, tree, committed: int) -> None:
@@ -348,11 +355,19 @@ class RoundCosts:
     def ratio(self, active: int, tree) -> float | None:
         """A speculative round's time over a plain round's at this many sequences (None: one of them unmeasured, or
         the speculative one dropped as stale)."""
+        p = self._plain.get(active)
         for key in ((active, tree), (active, MIXED)):
             s = self._spec.get(key)
-            if s is not None and self.rounds - s.n > self.SPEC_STALE:
+            if s is None:
+                continue
+            if self.rounds - s.n > self._horizon.get(key, self.SPEC_STALE):
                 del self._spec[key]
-        p = self._plain.get(active)
+                if p is not None:
+                    self._dropped[key] = s.value / p.value
+            elif key in self._dropped and p is not None:  # measured afresh since the drop: was it a slow moment?
+                again = s.value / p.value >= self.CONFIRMED * self._dropped.pop(key)
+                h = self._horizon.get(key, self.SPEC_STALE)
+                self._horizon[key] = min(2 * h, self.SPEC_STALE_MAX) if again else self.SPEC_STALE
         s = self._spec.get((active, tree)) or self._spec.get((active, MIXED))
         if s is None or p is None:
             return None

@@ -247,6 +247,35 @@ def test_a_stale_speculative_figure_does_not_keep_requests_plain():
     assert c.ratio(1, tree) == pytest.approx(3.0)
 
 
+def test_a_stale_figure_measured_again_alike_is_dropped_ever_more_rarely():
+    """A head that loses for good (3 plain steps a round, every time): its figure is dropped after SPEC_STALE rounds,
+    the probe that follows measures it again alike, and the next drop waits twice as long, up to SPEC_STALE_MAX (with
+    a fixed horizon the probes cost 128-token requests 7% on a shallow target). A figure measured afresh far lower
+    (the dropped one came from a slow moment) brings the horizon back to SPEC_STALE."""
+    c = RoundCosts()
+    tree = TreeParams(4, 3, 12)
+    c.record(1, None, 0.001, 10)
+
+    def spec(seconds: float) -> None:
+        c.record(1, tree, seconds, 10)
+        assert c.ratio(1, tree) is not None
+
+    def dropped_after(seconds: float) -> int:
+        """Plain rounds until the figure is dropped; then one speculative round of ``seconds`` measures it again."""
+        n = 0
+        while c.ratio(1, tree) is not None:
+            c.record(1, None, 0.001, 10)
+            n += 1
+        spec(seconds)
+        return n
+
+    spec(0.003)
+    horizons = [dropped_after(0.003) for _ in range(7)]
+    assert horizons == [129, 257, 513, 1025, 2049, 2049, 2049]
+    assert dropped_after(0.0009) == 2049  # measured again far lower (a round of 0.9 plain steps): back to the start
+    assert dropped_after(0.003) == 129
+
+
 # ---- the runtime ------------------------------------------------------------------------------------------------
 
 CYCLE_LEN, WRONG = 300, (60, 140)  # the head drafts garbage after cycle[60:140], right before and after
