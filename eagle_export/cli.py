@@ -547,6 +547,12 @@ def bench_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens
             click.echo(f"n-alpha plot: {plot_file}")
 
 
+# What tune says when it measured on its built-in prompts: a tree is only as good as the text it was ranked on.
+BUILTIN_PROMPTS_HINT = ("measured on the built-in one-line prompts: acceptance depends on the text, so for the tree "
+                        "your traffic should get, run tune with --prompts FILE holding prompts like it (a shallow "
+                        "pair's tree tuned here decoded code at 0.86x plain; docs/tune.md)")
+
+
 @main.command("tune")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @_PROMPTS_FILE
@@ -639,6 +645,8 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
                            "`bench`, `serve` and the API decode plainly)")
         elif dry_run:
             click.echo("dry run: manifest not changed")
+        if prompts_file is None:
+            click.echo(BUILTIN_PROMPTS_HINT)
     if plot_file is not None:
         plot_speedup(report, plot_file)
         if not as_json:

@@ -100,5 +100,6 @@ def test_tune_writes_no_draft_when_nothing_pays_and_removes_it_when_a_tree_does(
     r = run_cli("tune", art, "--top-k", 1, "--depth", 1, "--total-tokens", 1, "--max-new-tokens", 4, "--threads", 1,
                 "--no-refine", "--confirm", 0, "--spin", "off", "--thresholds", "0", "--min-speedup", 0.01)
     assert "default decoding: no draft" not in r.stdout and "no draft:" not in r.stdout
+    assert "measured on the built-in one-line prompts" in r.stdout and "--prompts FILE" in r.stdout
     m = load_manifest(art)
     assert m.batch_trees is None and m.default_tree() == TreeParams(1, 1, 1)

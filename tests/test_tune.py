@@ -186,6 +186,7 @@ def test_tune_dry_run_and_table(art, ids_file):
     for f in ("top_k", "speedup", "lossless", "winner: top_k", "ranked by speedup", "dry run: manifest not changed"):
         assert f in r.stdout
     assert "[tune]" in r.stderr and "settings to measure" in r.stderr  # progress lines
+    assert "built-in" not in r.stdout  # its own prompts: no hint to give some
     assert (art / MANIFEST_NAME).read_bytes() == raw
 
 
