@@ -203,6 +203,8 @@ def test_quantize_draft_only_keeps_the_target_float_and_its_tokens(models):
     report = validate(art, prompts=2, max_new_tokens=10, threads=1)
     assert report.passed, report.format()
     assert "quantization int4 (the draft alone;" in report.format()
+    with pytest.raises(EagleExportError, match="--against-library compares .* this artifact's draft is quantized"):
+        validate(art, prompts=0, threads=1, against_library=True)
 
 
 def test_asymmetric_artifact_refuses_a_tensorrt_build(int8):

@@ -163,6 +163,10 @@ def _validate(artifact, backend, prompts, max_new_tokens, target, draft, seed, t
                                    "writer's; this artifact was exported with --draft-vocab")
         prune_vocab(d.head, torch.tensor(read_draft_vocab(directory, m)))
         d = dataclasses.replace(d, vocab_size=m.draft_vocab.size, d2t_identity=False)
+    if against_library and m.quantization is not None and m.quantization.draft:
+        raise EagleExportError(f"{directory}: --against-library compares the draft graph with its writer's float "
+                               "forward; this artifact's draft is quantized (export --quantize without "
+                               "--quantize-float-draft, or --quantize-draft-only): export a float draft to compare")
     _check_sources(m, tgt, d)
     head = d.head
     quant = own_rt = float_lm = None
