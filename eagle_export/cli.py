@@ -146,8 +146,8 @@ def main() -> None:
                    "[default: quantize: a float draft level costs a third of an int4 step at the 1B shape, an int4 "
                    "one a tenth; the target verifies every token either way].")
 @click.option("--quantize-draft-only", type=click.Choice(["int4", "int8"]), default=None,
-              help="With --quantize none: quantize the draft graphs alone, the target staying float (so every token "
-                   "it keeps): a cheaper draft call, acceptance may move (int8 kept the fixture's; docs/bench.md, "
+              help="With --quantize none: quantize the draft graphs alone; the target stays float, and its tokens "
+                   "with it. A cheaper draft call; acceptance may move (int8 kept the fixture's; docs/bench.md, "
                    "\"A quantized draft on a float target\"). Takes the --quantize-block-size, -symmetric and "
                    "-accuracy-level settings.")
 @click.option("--quantize-lm-head/--quantize-float-lm-head", default=True, show_default=True,
