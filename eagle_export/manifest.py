@@ -305,6 +305,16 @@ class Manifest:
         """Most sequences per graph call: the top of the graphs' batch range (`export --max-batch`)."""
         return min(g.axes[C.BATCH][1] for g in self.graphs.values())
 
+    def weights_label(self) -> str:
+        """What the graphs' weights are, in a few words for reports: "float32", "int4 target and draft", "int4
+        target, float32 draft", "float32 target, int8 draft" (`--quantize-draft-only`)."""
+        q = self.quantization
+        if q is None:
+            return self.dtype
+        if not q.target:
+            return f"{self.dtype} target, {q.method} draft"
+        return f"{q.method} target and draft" if q.draft else f"{q.method} target, {self.dtype} draft"
+
     def default_tree(self, max_batch: int = 1) -> TreeParams | None:
         """The tree a request given none decodes one sequence with: the per-batch table's row for 1 where there is one
         (None: no draft, which `eagle-export tune` writes where no tree paid; also when no row a runtime of

@@ -108,11 +108,13 @@ def test_bench_text_and_ids_prompts_file_and_table(tiny, tmp_path):
     agg = out["aggregate"]
     assert agg["prompts"] == 2 and agg["lossless"] is True
     assert agg["tree"] == {"top_k": 3, "depth": 2, "total_tokens": 6}
+    assert agg["weights"] == "float32"  # the artifact's weights, from its manifest
     assert len(agg["n_alpha"]) == 3
     assert out["prompts"][1]["prompt_tokens"] == 12
     r = cli("bench", tiny[2], "--prompts", p, "--max-new-tokens", 8, "--threads", 1)  # the readable table
     assert r.exit_code == 0, r.output
-    for f in ("tau", "n-alpha", "speedup", "no-draft", "peak memory", "ru_maxrss", "lossless", "EOS ignored"):
+    for f in ("tau", "n-alpha", "speedup", "no-draft", "peak memory", "ru_maxrss", "lossless", "EOS ignored",
+              "; weights float32; "):
         assert f in r.stdout
 
 

@@ -87,6 +87,8 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     assert m.draft_embedding.dtype == "float32" and m.draft_embedding.shared
     # int8 asymmetric, target only: zero points, the target's lm_head quantized (the default), the draft graphs
     # float, the lm_head they read included
+    assert m.weights_label() == "int4 target and draft"
+    assert load_manifest(int8[2]).weights_label() == "int8 target, float32 draft"  # what bench's header says
     q8 = load_manifest(int8[2]).quantization
     assert (q8.bits, q8.symmetric, q8.draft, q8.lm_head, set(q8.graphs)) == (
         8, False, False, True, {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})  # the tree graphs stay float
@@ -179,6 +181,7 @@ def test_quantize_draft_only_keeps_the_target_float_and_its_tokens(models):
     m = load_manifest(art)
     q = m.quantization
     assert not q.target and q.draft and not q.rounds_activations
+    assert m.weights_label() == "float32 target, int4 draft" and load_manifest(float_art).weights_label() == "float32"
     assert set(q.graphs) == {C.DRAFT_GRAPH, *(name for name, _ in C.tree_graphs(m.graphs).values())}
     assert m.tree_defaults == load_manifest(float_art).tree_defaults and m.tree_defaults.top_k > 1
     for g in (C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH):

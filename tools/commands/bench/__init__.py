@@ -266,6 +266,7 @@ class BenchReport:
     default: bool = False  # EAGLE ran the artifact's default decoding (no tree given)
     guard: bool = True  # the speculation guard was on (docs/runtime.md)
     spec_tau: float = 0.0  # tau over the rounds that drafted
+    weights: str = ""  # the artifact's weights (``Manifest.weights_label``)
 
     @property
     def spec_share(self) -> float | None:
@@ -285,7 +286,7 @@ class BenchReport:
                "mode_share": {"spec": self.spec_share, "plain": None if self.spec_share is None else
                               1 - self.spec_share},
                "backend": self.backend, "threads": self.threads, "greedy": True, "stop_on_eos": self.stop_on_eos,
-               "repeats": self.repeats, "artifact": self.artifact}
+               "repeats": self.repeats, "artifact": self.artifact, "weights": self.weights}
         if self.peer is not None:
             agg["tokens_per_s"]["peer"] = self.peer.tok_s
             agg["peer"] = self.peer.to_dict()
@@ -303,8 +304,10 @@ class BenchReport:
         tree = "no draft" if t is None else f"tree {t.label}"
         how = (" (the artifact's default" + (", from `eagle-export tune`" if t is None else "") + ")"
                if self.default else "")
-        lines = [f"bench {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; {tree}{how}; "
-                 f"guard {'on' if self.guard else 'off'}; {self.max_new_tokens} new tokens, greedy, {eos}{reps})",
+        weights = f"weights {self.weights}; " if self.weights else ""
+        lines = [f"bench {self.artifact} (backend {self.backend}, threads {self.threads or 'default'}; {weights}"
+                 f"{tree}{how}; guard {'on' if self.guard else 'off'}; {self.max_new_tokens} new tokens, greedy, "
+                 f"{eos}{reps})",
                  "", head, "-" * len(head)]
         for i, r in enumerate(self.rows, 1):
             d = max(r.decode_s, 1e-12)
@@ -627,6 +630,7 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
         if given is not None:
             given.validate(s.manifest.tree_limits)
         tree = given if given is not None else s.manifest.default_tree(s.rt.max_batch)  # what EAGLE runs
+        weights = s.manifest.weights_label()
         the_peer = None
         try:
             if peer is not None:
@@ -662,7 +666,7 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
         time_split=split, peak_rss_mb=peak_rss_mb(), lossless=all(r.lossless for r in rows), warmup=warmup,
         stop_on_eos=stop_at_eos, repeats=repeats, no_draft_split=plain,
         peer=None if the_peer is None else peer_summary(the_peer, rows), default=given is None, guard=guard,
-        spec_tau=tau(spec_accepts))
+        spec_tau=tau(spec_accepts), weights=weights)
 
 
 def _run_checked(rt, proxy, spec: PromptSpec, ids, max_new, tree, use_draft, stop_on_eos: bool = False) -> _Run:
