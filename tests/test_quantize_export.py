@@ -85,10 +85,10 @@ def test_quantized_artifact_graphs_and_manifest(models, int4, int8):
     size = {a: sum(f.stat().st_size for f in a.glob("*.data")) for a in (art, plain)}
     assert size[art] < 0.6 * size[plain], size
     assert m.draft_embedding.dtype == "float32" and m.draft_embedding.shared
+    assert m.weights_label() == "int4 target and draft"  # what bench's first line says
     # int8 asymmetric, target only: zero points, the target's lm_head quantized (the default), the draft graphs
     # float, the lm_head they read included
-    assert m.weights_label() == "int4 target and draft"
-    assert load_manifest(int8[2]).weights_label() == "int8 target, float32 draft"  # what bench's header says
+    assert load_manifest(int8[2]).weights_label() == "int8 target, float32 draft"
     q8 = load_manifest(int8[2]).quantization
     assert (q8.bits, q8.symmetric, q8.draft, q8.lm_head, set(q8.graphs)) == (
         8, False, False, True, {C.TARGET_GRAPH, C.TARGET_FUSED_GRAPH})  # the tree graphs stay float
