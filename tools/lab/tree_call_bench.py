@@ -41,6 +41,8 @@ def parse(spec: str) -> tuple[Path, int | None, int | None]:
 
 def tree_model(directory: Path, raw: dict, top_k: int | None, depth: int | None) -> tuple[onnx.ModelProto, dict]:
     """The graph a round with this tree runs (cut to ``depth``), and its manifest spec."""
+    # The raw manifest, not load_manifest and C.tree_graphs: the runtime refuses a contract-5 manifest, which this
+    # program also times.
     graphs = raw["graphs"]
     per_k = {e["axes"][C.TREE_TOP_K][0]: (n, e["axes"][C.TREE_DEPTH][1]) for n, e in graphs.items()
              if n.startswith(f"{C.DRAFT_TREE_GRAPH}_k") and C.parse_tree_call(n) is None}

@@ -142,8 +142,9 @@ def dequantize_reference(lm: torch.nn.Module, head: torch.nn.Module, q: Quantiza
     target_lm_head = q.target and q.lm_head
     if target_lm_head != q.draft and getattr(head, "lm_head", None) is lm.lm_head:
         head.lm_head = copy.deepcopy(lm.lm_head)  # one side quantized, the other float
-    target = ([lin for layer in lm.model.layers for lin in _linears(layer)] + ([lm.lm_head] if target_lm_head else [])
-              if q.target else [])
+    target = [lin for layer in lm.model.layers for lin in _linears(layer)] if q.target else []
+    if target_lm_head:
+        target.append(lm.lm_head)
     want = q.matmuls.get(C.TARGET_GRAPH)
     if want is not None and len(target) != want:
         raise EagleExportError(f"validate: the artifact quantized {want} MatMuls of {C.TARGET_GRAPH} but the "
