@@ -378,7 +378,7 @@ def _generate_samples(rt, prompt, kwargs, sampling, n, settings, as_json) -> Non
         click.echo(json.dumps(out))
     else:
         tokens = sum(len(r.tokens) for _, r in results)
-        from eagle_export.runtime.generator import tau
+        from eagle_export.runtime.results import tau
 
         overall = tau([a for _, r in results for a in r.stats.accept_lengths])
         seeds = "" if sampling is None else f", seeds {sampling.seed}..{sampling.seed + n - 1}"

@@ -1,8 +1,8 @@
 """Runtime: backends, the EAGLE loop and the embedding API."""
 
 from .api import EagleRuntime, GenerationStream
-from .generator import GenerationResult, GenerationStats
 from .guard import GuardPolicy
+from .results import GenerationResult, GenerationStats
 from .sampling import SamplingParams
 from .scheduler import RequestStream
 from .stream_text import StreamChunk

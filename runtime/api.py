@@ -40,9 +40,10 @@ from . import stream_text
 from .backend import Backend
 from .chat import chat_prompt_ids
 from .embedding import TokenEmbedding
-from .generator import GenerationResult, Generator
+from .generator import Generator
 from .guard import DEFAULT_POLICY, GuardPolicy
 from .logprobs import check_top
+from .results import GenerationResult
 from .sampling import SamplingParams
 from .scheduler import RequestStream, Scheduler
 from .stream_text import StreamChunk

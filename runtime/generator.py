@@ -53,95 +53,15 @@ from .embedding import TokenEmbedding
 from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 from .kv_cache import FusedKVCache, KVCache
 from .logprobs import token_logprobs
+from .results import GenerationResult, GenerationStats
 from .sampling import LazyProbs, SamplingParams, process_logits, sample_token
 from .slots import LayoutPlan, Padding, Request, StopRule, check_max_new, move_order
+from .target_kv import InPlaceTargetKV, ScratchTargetKV
 from .tree import Frontier, TreeGrower, VerifyTree
 from .views import HostScratch, RowBuffers, SplitInputs, view_of
 
 log = logging.getLogger(__name__)
 KEEP = object()  # Generator.round: every sequence keeps its tree (no per-batch table applied)
-FINISH_REASONS = ("eos", "length", "capacity")
-
-
-def tau(accept_lengths: list[int]) -> float:
-    """Committed tokens per target forward (the accepted draft tokens of each round plus its bonus token), over
-    the rounds given; 0 without rounds. The one definition: stats, bench and the command line use it."""
-    if not accept_lengths:
-        return 0.0
-    return (sum(accept_lengths) + len(accept_lengths)) / len(accept_lengths)
-
-
-@dataclass
-class GenerationStats:
-    rounds: int = 0  # target forwards after prefill (verify rounds, or decode steps with no draft)
-    accept_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per round
-    draft_forwards: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    # First draft position at or past the head's max_position_embeddings (None: never got there). Output stays
-    # lossless past it; only acceptance may drop, as the head was not trained there.
-    draft_beyond_position_limit: int | None = None
-    # The speculation metrics (docs/runtime.md, GenerationStats): how the rounds ran and what they cost.
-    spec_rounds: int = 0  # rounds that verified a draft tree (the rest were plain one-token rounds)
-    plain_rounds: int = 0  # rounds without a draft: --no-draft, a no-draft default or per-batch row, the guard
-    drafted_tokens: int = 0  # draft tokens sent to verification (the verify trees' nodes, root excluded)
-    verified_tokens: int = 0  # tokens the target checked in the rounds: each tree with its root, 1 per plain round
-    draft_s: float = 0.0  # draft graph time in the rounds (a batched call's time counts for every sequence in it)
-    target_s: float = 0.0  # target graph time in the rounds
-    host_s: float = 0.0  # the rest of the rounds' wall time (tree, acceptance, commit, binding, Python)
-    guard_switches: int = 0  # times the guard turned this request's speculation off
-    spec_flags: list[bool] = field(default_factory=list, repr=False)  # per round: did it speculate
-
-    @property
-    def spec_accept_lengths(self) -> list[int]:
-        """Draft tokens accepted per speculative round (the plain rounds left out)."""
-        return [a for a, f in zip(self.accept_lengths, self.spec_flags, strict=False) if f]
-
-    @property
-    def tau(self) -> float:
-        """Committed tokens per target forward, bonus token included."""
-        return tau(self.accept_lengths)
-
-    @property
-    def accepted_tokens(self) -> int:
-        """Draft tokens accepted, over every round."""
-        return sum(self.accept_lengths)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted over drafted tokens (None: nothing was drafted)."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
-
-    @property
-    def spec_share(self) -> float | None:
-        """Share of the rounds that speculated (None: no round)."""
-        return self.spec_rounds / self.rounds if self.rounds else None
-
-    def to_dict(self) -> dict:
-        return {"rounds": self.rounds, "tau": self.tau, "accept_lengths": list(self.accept_lengths),
-                "draft_forwards": self.draft_forwards, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
-                "draft_beyond_position_limit": self.draft_beyond_position_limit, **self.speculation()}
-
-    def speculation(self) -> dict:
-        """The speculation metrics as one object (``generate --json``'s stats, the server's ``eagle`` extension)."""
-        return {"spec_rounds": self.spec_rounds, "plain_rounds": self.plain_rounds, "spec_share": self.spec_share,
-                "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
-                "verified_tokens": self.verified_tokens, "acceptance_rate": self.acceptance_rate,
-                "draft_s": self.draft_s, "target_s": self.target_s, "host_s": self.host_s,
-                "guard_switches": self.guard_switches}
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[int]
-    finish_reason: str
-    stats: GenerationStats
-    prompt_len: int
-    text: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"tokens": self.tokens, "text": self.text, "finish_reason": self.finish_reason,
-                "prompt_tokens": self.prompt_len, "stats": self.stats.to_dict()}
 
 
 @dataclass(eq=False)
@@ -242,7 +162,6 @@ class Generator:
         self.dcache = KVCache(d.num_layers, d.kv_heads, d.head_dim, d_slot, dtype, dev, new_rows=d_rows, zeros=zeros,
                               slots=B)
         self.t_slot = t_slot
-        self._past_t = [0] * B  # per slot: the row after which the last verify wrote its rows (fused)
         # A batched call binds [A, stride] as its past, so the stride stays within the graphs' past_len range (the
         # engines' profiles are built from it). A continuing sequence never needs more (docs/runtime.md).
         t_past = manifest.graphs[C.TARGET_GRAPH].axes[C.PAST_LEN][1]
@@ -287,6 +206,9 @@ class Generator:
         self._growers: dict[TreeParams, list[TreeGrower]] = {}  # free growers per tree setting, reused
         self.eos = frozenset(t.eos_token_ids)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
+        # The target cache's verbs, whichever layout its graph has (runtime/target_kv.py): the round steps never ask.
+        self.tkv = (InPlaceTargetKV(self.tcache, *self._target_names) if self.fused
+                    else ScratchTargetKV(self.tcache, self.tplan, *self._target_names))
         self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}
         # The draft tree graphs (contract 6): a round's context pass and tree levels in one call, for trees of a
@@ -354,19 +276,16 @@ class Generator:
         """The target call's fixed bindings, read-only (``SplitInputs``' fixed part, and the outputs). Fused: the
         caches of slots [slot, slot + a) are inputs and outputs alike (written in place); standard: the new rows land
         in the scratch. Logits and features from output row ``row0`` on."""
-        key = ("t", a, n, r, slot if self.fused else 0, row0)
+        key = ("t", a, n, r, self.tkv.memo_slot(slot), row0)
         io = self._io_memo.get(key)
         if io is None:
             ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
                    C.LOGIT_INDICES: self._host(self._lidx, a, r)}
             outs = {C.LOGITS: self._rows["logits"].block(row0, a, r)[0],
                     C.FEATURES: self._rows["tfeats"].block(row0, a, n)[0]}
-            if self.fused:
-                caches = self.tcache.bind(slot, a)
-                ins.update(zip(self._target_names[0], caches, strict=True))
-                outs.update(zip(self._target_names[1], caches, strict=True))
-            else:
-                outs.update(zip(self._target_names[1], self.tcache.new_block_views(a, n), strict=True))
+            cache_ins, cache_outs = self.tkv.bindings(slot, a, n)
+            ins.update(cache_ins)
+            outs.update(cache_outs)
             io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
@@ -411,9 +330,9 @@ class Generator:
         ``past`` bound rows; logits and features from output row ``row0`` on."""
         fixed, outputs = self._target_io(a, n, r, slot, row0)
         changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
-        if not self.fused:
-            changing.update(zip(self._target_names[0], self._past(self.tcache, a, past, slot * self.tplan.stride),
-                                strict=True))
+        cache = self.tkv.past(a, past, slot)
+        if cache:
+            changing.update(cache)
         inputs = SplitInputs(fixed, changing)
         t0 = time.perf_counter()
         self.backend.run(self.tgraph, inputs, outputs)
@@ -581,7 +500,7 @@ class Generator:
     def _prefill(self, s: Slot, j: int) -> None:
         """The prompt in chunks, alone (batch 1) in slot j's regions; each chunk's draft context right after."""
         prompt, n = s.req.prompt, len(s.req.prompt)
-        base_t, base_d = j * self.tplan.stride, j * self.dplan.stride
+        base_d = j * self.dplan.stride
         use_draft = s.req.tree is not None
         # Every chunk's context pass through the tree graph where the request's tree has one (the last one grows the
         # first round's tree in the same call; the others' trees go unread): it computes the MLP and the top-k of the
@@ -596,8 +515,7 @@ class Generator:
             self._causal(c, st)
             self._lidx.array[0] = c - 1
             self._run_target(1, c, 1, st, j)
-            if not self.fused:  # the fused graph wrote its rows in place
-                self.tcache.write(base_t + st, c)
+            self.tkv.keep(j, st, c)
             if last:
                 s.root = self._first_token(s)
             if use_draft:
@@ -644,10 +562,11 @@ class Generator:
         for s in slots:
             L = extra[id(s)] if extra and id(s) in extra else s.L
             need_t, need_d = max(need_t, L + s.slack_t), max(need_d, L + s.slack_d)
-        plans = ((self.dplan, self.dcache, need_d),) if self.fused else (
-            (self.tplan, self.tcache, need_t), (self.dplan, self.dcache, need_d))
+        plans = ((self.tkv.layout, self.tcache, need_t), (self.dplan, self.dcache, need_d))
         for plan, cache, need in plans:
-            need = min(need, plan.rows_per_slot)  # only a finishing sequence's last rows go past it (_room)
+            if plan is None:  # a cache whose slots have fixed regions
+                continue
+            need = min(need, plan.rows_per_slot)  # a finishing sequence alone goes past it (ScratchTargetKV.room)
             if need <= plan.stride < need + 2 * plan.step:  # surely LayoutPlan.wanted's no-move case (granule >= step)
                 continue
             new = plan.wanted(need)
@@ -731,7 +650,7 @@ class Generator:
         self._ids.array[0], self._pos.array[0], self._lidx.array[0] = s.root, L, 0
         self._mask.array[:L + 1] = True  # the [1, 1, L + 1] mask: every committed row and the root
         self.padding.add(L, L)
-        self._past_t[0] = L
+        self.tkv.wrote(0, L)
         self._run_target(1, 1, 1, L)
         s.stats.rounds += 1
         try:
@@ -862,11 +781,9 @@ class Generator:
         a = len(slots)
         sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
         tt = max(sizes)
-        if self.fused and a > 1 and tt > 1:
+        if self.tkv.per_sequence_trees and a > 1 and tt > 1:
             return self._verify_each(slots, sizes, tt)
-        # A batch binds a common past: the stride (standard), or the longest committed prefix (fused: each slot's
-        # whole region is bound, and the call writes its rows after the past).
-        past = slots[0].L if a == 1 else (max(s.L for s in slots) if self.fused else self.tplan.stride)
+        past = slots[0].L if a == 1 else self.tkv.batch_past([s.L for s in slots])
         mask = self._mask.take((a, tt, past + tt))
         if a > 1:  # one slot's rows are written whole below
             mask[:] = False
@@ -895,17 +812,19 @@ class Generator:
             used += L
         self.padding.bound += a * past
         self.padding.used += used
-        self._past_t[:a] = [past] * a  # where this call's rows were written (fused: commit moves them from there)
+        for b in range(a):  # where this call's rows were written (an in-place cache's commit moves them from there)
+            self.tkv.wrote(b, past)
         self._run_target(a, tt, tt, past)
         for s in slots:
             s.stats.rounds += 1
         return tt
 
     def _verify_each(self, slots: list[Slot], sizes: list[int], tt: int) -> int:
-        """The fused graph over several sequences with trees: ONNX Runtime's GroupQueryAttention writes more than one
-        row over a past for one sequence per call only, so each sequence's tree is a call of its own (exactly its
-        rows over exactly its committed ones: no padding), its logits and features at rows [b * tt, b * tt + T) of
-        the batch's buffers, as one call over the batch would leave them."""
+        """Several sequences with trees on a cache that takes them one per call (``per_sequence_trees``: the fused
+        graph, whose GroupQueryAttention writes more than one row over a past for one sequence per call only): each
+        sequence's tree is a call of its own (exactly its rows over exactly its committed ones: no padding), its
+        logits and features at rows [b * tt, b * tt + T) of the batch's buffers, as one call over the batch would
+        leave them."""
         used = 0
         for b, s in enumerate(slots):
             L, T = s.L, sizes[b]
@@ -921,7 +840,7 @@ class Generator:
                 np.add(vt.depths, L, out=pos)
                 mask[0, :, L:] = vt.mask
             self._lidx.array[:T] = self._arange[:T]
-            self._past_t[b] = L
+            self.tkv.wrote(b, L)
             self._run_target(1, T, T, L, b, b * tt)
             used += L
             s.stats.rounds += 1
@@ -948,11 +867,7 @@ class Generator:
         s.stats.accept_lengths.append(int(acc.num_accepted))
         if s.req.on_round is not None and s.grower is not None:
             s.req.on_round(vt, acc)
-        rows = acc.indices[:self._room(b, s.L)]
-        if self.fused:
-            self.tcache.commit(b, s.L, rows + self._past_t[b])
-        else:
-            self.tcache.write_rows(b * self.tplan.stride + s.L, rows, src=r0)
+        self.tkv.commit(b, s.L, acc.indices, r0, b == len(self.active) - 1)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
         new, s.reason = s.stop.emit(s.tokens)
         if s.req.logprobs is not None and new:
@@ -965,10 +880,7 @@ class Generator:
         distribution), the root's K/V row into the cache."""
         tok = self._token_at(s, r0)
         s.stats.accept_lengths.append(0)
-        if self.fused:
-            self.tcache.commit(b, s.L, [self._past_t[b]][:self._room(b, s.L)])
-        else:
-            self.tcache.write(b * self.tplan.stride + s.L, min(1, self._room(b, s.L)), src=r0)
+        self.tkv.commit_root(b, s.L, r0, b == len(self.active) - 1)
         s.tokens = [tok]
         new, s.reason = s.stop.emit(s.tokens)
         if s.req.logprobs is not None and new:
@@ -984,15 +896,6 @@ class Generator:
         lo = int(rows.min())
         block = self._rows_np("logits", lo, int(rows.max()) + 1)
         s.sink.push_logprobs(token_logprobs(block[rows - lo], new, s.req.logprobs))
-
-    def _room(self, b: int, L: int) -> int:
-        """Target rows slot b may write after its L committed rows: up to the next slot's region (the last active
-        slot, or a single sequence, has a whole sequence's rows). A continuing sequence always fits: its
-        committed rows stay below capacity - 1 <= the stride; rows cut here belong to a sequence that ends in
-        this round (its emitted tokens reach the capacity), and are never read."""
-        if b == len(self.active) - 1 or self.fused:  # fused: every slot has a whole region
-            return self.t_slot - L
-        return self.tplan.stride - L
 
     def _draft_context(self, slots: list[Slot], tt: int) -> None:
         """Draft context for every continuing drafting slot: (feature of root/accepted node, next token)."""
@@ -1072,10 +975,7 @@ class Generator:
         last = len(self.active) - 1
         if b != last:
             t = self.active[last]
-            if self.fused:
-                self.tcache.move_slot(last, b, t.L)
-            else:
-                self.tcache.move(last * self.tplan.stride, b * self.tplan.stride, t.L)
+            self.tkv.move_slot(last, b, t.L)
             self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
             self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
             self.ctx_hidden[b].copy_(self.ctx_hidden[last])

@@ -22,8 +22,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from eagle_export.errors import GenerationError
 
 from . import stream_text
-from .generator import KEEP, GenerationResult, Generator
+from .generator import KEEP, Generator
 from .logprobs import TokenLogprob
+from .results import GenerationResult
 from .slots import Request
 from .stream_text import StreamChunk
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from eagle_export.errors import EagleExportError, GenerationError
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts  # the shared prompt-file reader
-from eagle_export.runtime.generator import tau
+from eagle_export.runtime.results import tau
 from eagle_export.runtime.timing import TimingBackend, TimingInstalled
 from eagle_export.tree_params import TreeParams, tree_over_defaults
 

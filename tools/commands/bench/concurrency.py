@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle_export.prompts import PromptSpec, prompt_ids, read_prompts
-from eagle_export.runtime.generator import tau
+from eagle_export.runtime.results import tau
 from eagle_export.runtime.timing import TimingBackend
 from eagle_export.tree_params import TreeParams
 
