@@ -12,7 +12,8 @@ steps (``ratio``: the wall time of the runtime's recent speculative rounds over 
   the break-even;
 - meanwhile, every ``shadow_every`` plain rounds the draft reads the tokens committed since (the context pass that
   keeps its cache in step, run anyway): how often its top-k held the next token estimates what a round would commit
-  (``shadow``), and a draft that would pay again is probed at once;
+  (``shadow``), and a draft that would pay again is probed at once; reads are spaced by what they cost
+  (``read_budget``), except the first after a collapse (``dip``), which comes at half of ``shadow_every``;
 - after ``interval`` plain rounds, probes: ``probe_rounds`` speculative rounds, whose mean ``tau`` decides. At least
   ``enter`` and the request speculates again (the interval starts over); below it, back to plain rounds with the
   interval doubled (at most ``max_interval``). An interval is never shorter than what keeps a probe's expected
@@ -118,6 +119,7 @@ class Guard:
     prior: tuple[float, float, float] | None = None
     reads: int = 0  # shadow reads since the last switch to plain rounds
     failed: int = 0  # probes failed since the last switch to plain rounds (each doubles the shadow reads' spacing)
+    dip: bool = False  # the last switch to plain rounds was the window's alone (a collapse the running tau hid)
     recent: list[int] = field(default_factory=list)  # the last ``window`` speculative rounds' committed tokens
     weight: float = field(default=0.0, init=False)  # pseudo-rounds of the prior still in the running tau
 
@@ -180,10 +182,13 @@ class Guard:
             return self.mode
         if ratio is None:  # no plain figure yet: one plain round measures it
             self.calibrating, self.mode = True, PLAIN
-        elif ((self.tau + p.confidence * self.stderr) / ratio < p.leave
-              or (len(self.recent) == p.window and sum(self.recent) / p.window / ratio < p.leave / 2)):
-            self._to_plain(p.first_interval, ratio)
-            self.switches += 1
+        else:
+            slow = (self.tau + p.confidence * self.stderr) / ratio < p.leave
+            collapse = len(self.recent) == p.window and sum(self.recent) / p.window / ratio < p.leave / 2
+            if slow or collapse:
+                self._to_plain(p.first_interval, ratio)
+                self.switches += 1
+                self.dip = not slow
         return self.mode
 
     def shadow_due(self, lagged: int, read_cost: float | None = None) -> bool:
@@ -199,8 +204,11 @@ class Guard:
         rarely; the lag rows' own flushes, every few hundred tokens, are reads too). read_cost: what a read costs in
         plain rounds (measured; None: unknown): reads are never closer than what keeps that cost within
         ``read_budget`` of the plain rounds between them (where a draft call costs a plain step, a read every 8
-        tokens made plain rounds 12% slower). It changes only with the state (a read, a switch, a probe) and the
-        cost, so a caller may keep it between rounds (``Generator._keep_lag``)."""
+        tokens made plain rounds 12% slower), except the first after a switch the window alone made (``dip``: three
+        bad rounds, which a draft that pays has now and then; on the fixture's demo EAGLE-3 head, `def main():`'s
+        first rounds): spaced by its cost it came 30 tokens later, most of a 64-token request run plain behind a draft
+        that drafted perfectly again after its dip. It changes only with the state (a read, a switch, a probe) and
+        the cost, so a caller may keep it between rounds (``Generator._keep_lag``)."""
         p = self.policy
         if not p.shadow_every or self.mode != PLAIN or self.calibrating:
             return None
@@ -208,7 +216,7 @@ class Guard:
             need = max(MIN_READ, p.shadow_every // 2)
         else:
             need = max(MIN_READ, min(p.shadow_every << (max(self.reads - 1, 0) + self.failed), p.max_interval))
-        if read_cost is not None:
+        if read_cost is not None and not (self.dip and self.reads == 0):
             need = max(need, min(math.ceil(read_cost / p.read_budget), p.max_interval))
         return need
 
@@ -250,6 +258,7 @@ class Guard:
     def _to_plain(self, interval: int, ratio: float) -> None:
         p = self.policy
         self.reads = self.failed = 0
+        self.dip = False
         floor = math.ceil(p.probe_rounds * max(ratio - 1.0, 0.0) / p.budget)
         self.interval = max(interval, min(floor, p.max_interval))
         self.plain_left, self.mode = self.interval, PLAIN

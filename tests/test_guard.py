@@ -504,3 +504,20 @@ def test_guarded_batch_keeps_each_sequence_plain_decodings(models):
         assert sum(r.stats.guard_switches for r in results) >= 1
         assert sum(1 for r in results if r.stats.plain_rounds) >= 4
         assert max(r.stats.plain_rounds for r in results) > rt.generator._lag_rows  # the lag rows filled up
+
+
+def test_the_first_read_after_a_collapse_is_not_spaced_by_its_cost():
+    """A switch the window made alone (three bad rounds after a good stretch: a dip, which a paying draft has now and
+    then) is read again at half of shadow_every whatever a read costs; a switch the running tau made (a draft that
+    loses on average) waits for the reads' budget, as do the later reads after a dip. Catches the first read after
+    a dip spaced by its cost (30 tokens on the fixture, most of a 64-token request run plain), or every read freed."""
+    dip = Guard(GuardPolicy(read_budget=0.05))
+    feed(dip, [8] * 10 + [1] * 3, 3.0)
+    assert dip.mode == PLAIN and dip.dip
+    assert [dip.shadow_due(n, 1.0) for n in (7, 8)] == [False, True]  # not 1.0 / 0.05 = 20
+    dip.shadow(0, 8, 3, 3.0)  # read badly: stays plain; the next read waits for the budget
+    assert dip.mode == PLAIN and [dip.shadow_due(n, 1.0) for n in (19, 20)] == [False, True]
+    slow = Guard(GuardPolicy(read_budget=0.05))
+    feed(slow, [1] * 3, 3.0)
+    assert slow.mode == PLAIN and not slow.dip
+    assert [slow.shadow_due(n, 1.0) for n in (19, 20)] == [False, True]
