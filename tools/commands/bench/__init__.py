@@ -58,8 +58,10 @@ MODES = ("eagle", "no_draft", "peer")  # the measured modes, in the order the ro
 # With a peer, a pause after every run, outside the timings. ONNX Runtime's threads spin on after a call under the
 # peer's own policy (onnxruntime-genai leaves spinning on), and took a core from whatever ran next: measured on the
 # int4 fixture, our EAGLE runs that followed went from 1326-1392 tok/s with this pause to 1044-1065 without it, the
-# peer and our no-draft runs unchanged (docs/bench.md, "The peer").
-SETTLE_S = 0.05
+# peer and our no-draft runs unchanged (docs/bench.md, "The peer"). The peer's process burns a core for 50-60 ms after
+# its last call (its own CPU time, sampled after a 64-token run of the fp32 fixture: 48-54 ms in the first 50 ms), so
+# the pause outlasts that.
+SETTLE_S = 0.1
 
 
 # ---- prompts -----------------------------------------------------------------------------------
