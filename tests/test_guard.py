@@ -158,15 +158,35 @@ def test_shadow_reads_keep_their_measured_cost_within_the_read_budget():
     assert not Guard(GuardPolicy(shadow_every=0)).shadow_due(10 ** 6, 0.0)
 
 
-def test_without_a_plain_figure_one_plain_round_measures_it():
-    g = Guard(GuardPolicy())
-    modes = []
-    for i in range(10):
-        ran = g.mode
-        modes.append(ran)
-        g.after(ran, 1 if ran == SPEC else 1, None if i < 3 else 2.0)
-    assert modes[:5] == [SPEC, SPEC, SPEC, PLAIN, SPEC]  # round 4 calibrates; round 5 is judged with the figure
-    assert g.mode == PLAIN and g.switches == 1
+def test_without_a_plain_figure_plain_rounds_measure_it():
+    """Three plain rounds calibrate (the figure is their median: the first plain round after speculative ones is the
+    slowest); calibration_rounds 1 gives one. Catches a calibration that ends after its first round."""
+    for rounds, want in ((3, [SPEC] * 3 + [PLAIN] * 3 + [SPEC]), (1, [SPEC] * 3 + [PLAIN, SPEC])):
+        g = Guard(GuardPolicy(calibration_rounds=rounds))
+        modes = []
+        for i in range(12):
+            ran = g.mode
+            modes.append(ran)
+            g.after(ran, 1, None if i < 3 else 2.0)
+        assert modes[:len(want)] == want  # then the next round is judged with the figure
+        assert g.mode == PLAIN and g.switches == 1
+
+
+def test_a_plain_figure_of_the_warm_up_is_measured_again():
+    """A plain figure last recorded within a fresh runtime's first WARM rounds (its sessions' first calls are slow) is
+    dropped once the runtime is past them, so the guard calibrates again; one recorded after is kept. Catches the
+    warm-up figure kept (a runtime serving only drafting requests then read every speculative round 1.3-1.6x
+    cheaper than it was)."""
+    c = RoundCosts()
+    for t in (2.0, 1.9, 1.8):  # the calibration of a fresh runtime's first request
+        c.record(1, None, t * 1e-3, 10)
+    for _ in range(RoundCosts.WARM):
+        c.record(1, "tree", 3e-3, 20)
+    assert c.stale(1, 20)  # past the warm-up: stale, and the figure is gone
+    assert c.ratio(1, "tree") is None
+    for t in (1.2, 1.0, 1.0):  # calibrated again
+        c.record(1, None, t * 1e-3, 40)
+    assert not c.stale(1, 40) and c.ratio(1, "tree") == pytest.approx(3.0)
 
 
 def test_policy_checks():
@@ -174,7 +194,8 @@ def test_policy_checks():
                      (dict(probe_rounds=1.5), "probe_rounds"), (dict(first_interval=9, max_interval=8), "max_interval"),
                      (dict(budget=0), "budget"), (dict(cost_ratio=0), "cost_ratio"), (dict(alpha=True), "alpha"),
                      (dict(confidence=-1), "confidence"), (dict(shadow_every=-1), "shadow_every"),
-                     (dict(read_budget=0), "read_budget"), (dict(shadow_window=0), "shadow_window")):
+                     (dict(read_budget=0), "read_budget"), (dict(shadow_window=0), "shadow_window"),
+                     (dict(calibration_rounds=0), "calibration_rounds")):
         with pytest.raises(GenerationError, match=msg):
             GuardPolicy(**bad).validate()
 
@@ -427,14 +448,14 @@ def test_guarded_sampling_is_plain_sampling_for_a_seed(models):
 
 
 def test_measured_guard_calibrates_then_counts(switching):
-    """With measured costs a fresh runtime has no plain figure: after 3 speculative rounds one plain round measures
+    """With measured costs a fresh runtime has no plain figure: after 3 speculative rounds three plain rounds measure
     it. Which rounds follow depends on the clock; the tokens and the accounting do not."""
     art, cycle = switching
     with EagleRuntime.open(art, threads=1) as rt:
         res = rt.generate(prompt_ids=[cycle[0]], max_new_tokens=N_NEW, stop_on_eos=False)
     st = res.stats
     assert res.tokens == cycle[1:N_NEW + 1]
-    assert st.accept_lengths[:4] == [4, 4, 4, 0] and st.plain_rounds >= 1
+    assert st.accept_lengths[:6] == [4, 4, 4, 0, 0, 0] and st.plain_rounds >= 3
     assert st.spec_rounds + st.plain_rounds == st.rounds
     assert st.draft_s > 0 and st.target_s > 0 and st.host_s > 0
     assert st.draft_s + st.target_s + st.host_s <= st.decode_s + 1e-3
