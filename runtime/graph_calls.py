@@ -24,7 +24,7 @@ from .backend import Backend
 from .embedding import TokenEmbedding
 from .kv_cache import FusedKVCache, KVCache
 from .slots import LayoutPlan, Padding
-from .target_kv import InPlaceTargetKV, ScratchTargetKV
+from .target_kv import InPlaceTargetKV, ScratchTargetKV, TargetKV
 from .views import HostScratch, RowBuffers, SplitInputs, view_of
 
 
@@ -119,7 +119,7 @@ class GraphCalls:
         self._tri = np.tri(max(self.chunk, ctx_rows), dtype=np.bool_)
         self._target_names = (C.past_names(t.num_layers), C.present_names(t.num_layers))
         # The target cache's verbs, whichever layout its graph has (runtime/target_kv.py): the round steps never ask.
-        self.tkv = (InPlaceTargetKV(self.tcache, *self._target_names) if self.fused
+        self.tkv: TargetKV = (InPlaceTargetKV(self.tcache, *self._target_names) if self.fused
                     else ScratchTargetKV(self.tcache, self.tplan, *self._target_names))
         self._draft_names = (C.past_names(d.num_layers), C.present_names(d.num_layers))
         self._io_memo: dict[tuple, tuple[dict, MappingProxyType]] = {}

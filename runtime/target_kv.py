@@ -130,5 +130,6 @@ class InPlaceTargetKV:
         self.cache.move_slot(src, dst, count)
 
 
+# Either layout's verbs: what the generator holds as ``tkv``.
 TargetKV = ScratchTargetKV | InPlaceTargetKV
 
