@@ -289,6 +289,17 @@ def parse_tree_call(name: str) -> tuple[int, int] | None:
     return (int(k), int(d)) if sep and k.isdigit() and d.isdigit() else None
 
 
+def tree_call_spec(spec: GraphSpec, top_k: int, depth: int) -> GraphSpec:
+    """The spec of one ``tree_call``: the draft tree graph's ``spec`` with its candidates axis fixed at
+    ``top_k + depth * top_k^2`` (what a TensorRT engine built from the graph cut to ``depth`` levels computes)."""
+    n = top_k + depth * top_k * top_k
+
+    def fix(t: TensorSpec) -> TensorSpec:
+        return TensorSpec(t.name, t.dtype, tuple(n if d == TREE_CANDIDATES else d for d in t.shape))
+
+    return GraphSpec(tree_call(top_k, depth), tuple(fix(t) for t in spec.inputs), tuple(fix(t) for t in spec.outputs))
+
+
 def is_tree_graph(name: str) -> bool:
     """A draft tree graph's name (``tree_graph``) or a call of one (``tree_call``)."""
     return name == DRAFT_TREE_GRAPH or name.startswith(f"{DRAFT_TREE_GRAPH}_k")

@@ -28,7 +28,7 @@ from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
 from eagle_export.progress import progress_bar
 
 from .libs import RTX_BUILD_FOR, TrtLib, capability_text, load_lib, make_builder, make_logger
-from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options
+from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options, tree_engine_calls, tree_profiles
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +287,30 @@ def _build_graph(lib: TrtLib, onnx_path: Path, graph: str, spec: GraphSpec, prof
     return BuiltEngine(bytes(memoryview(data)), build_s, readback, list(logger.warnings))
 
 
+def _standard_ops(path: Path) -> bool:
+    """Whether a graph has standard ONNX operators only. A quantized draft's tree graphs hold ONNX Runtime's
+    ``MatMulNBits`` (the step graph keeps standard dequantizing operators for TensorRT): those are not built, and such
+    an artifact drafts level by level on TensorRT."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return all(node.domain in ("", "ai.onnx") for node in model.graph.node)
+
+
+def _write_cut(path: Path, out: Path, top_k: int, depth: int, graph_depth: int) -> None:
+    """The draft tree graph at ``path`` cut to ``depth`` levels (``runtime/tree_graph.py``), written to ``out`` in the
+    same directory: its weights stay where they are (external data, by relative location)."""
+    import onnx
+
+    from eagle_export.runtime.tree_graph import CutError, cut
+
+    try:
+        model = cut(onnx.load(str(path), load_external_data=False), top_k, depth, graph_depth)
+    except (CutError, OSError, ValueError) as e:
+        raise EngineError(f"could not cut the draft tree graph {path.name} to {depth} levels: {e}") from e
+    onnx.save(model, str(out))
+
+
 def check_quantization(manifest) -> None:
     """A quantized artifact builds only when TensorRT can take its weights: symmetric (INT4/INT8 codes, no zero
     point; TensorRT-RTX refuses UINT4/UINT8 weights with a zero point). docs/engines.md."""
@@ -325,17 +349,29 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             timing_cache = cache_owner[1].create_timing_cache(blob)
 
     names = [n for n in C.ENGINE_GRAPHS if n in manifest.graphs]  # not the fused graph: ONNX Runtime's ops
-    bar = progress_bar(len(names), "build", "engine", progress)
+    # The draft tree graph cut to the default trees' depth (one draft call a round): its source is written beside the
+    # graphs for the parse (its weights stay in their data files) and removed after.
+    calls = {C.tree_call(k, d): (k, d) for k, d in tree_engine_calls(manifest)
+             if _standard_ops(directory / manifest.graphs[C.tree_graph(k)].file)}
+    bar = progress_bar(len(names) + len(calls), "build", "engine", progress)
     built: dict[str, tuple[EngineEntry, Path]] = {}
     tmp_files: list[Path] = []
     try:
-        for name in names:
-            entry = manifest.graphs[name]
+        for name in [*names, *calls]:
             bar.set_description(f"build {name}")
-            profiles = graph_profiles(manifest, name, popts)
-            result = build_graph(lib, directory / entry.file, name, entry.spec, profiles, workspace=workspace,
+            if name in calls:
+                k, d = calls[name]
+                entry = manifest.graphs[C.tree_graph(k)]
+                spec, profiles = C.tree_call_spec(entry.spec, k, d), tree_profiles(manifest, k, d, popts)
+                source = directory / f".{name}.onnx.partial"
+                tmp_files.append(source)
+                _write_cut(directory / entry.file, source, k, d, entry.axes[C.TREE_DEPTH][1])
+            else:
+                entry = manifest.graphs[name]
+                spec, profiles, source = entry.spec, graph_profiles(manifest, name, popts), directory / entry.file
+            result = build_graph(lib, source, name, spec, profiles, workspace=workspace,
                                  timing_cache=timing_cache, bar=bar if progress else None)
-            file = Path(entry.file).stem + ENGINE_SUFFIX
+            file = name + ENGINE_SUFFIX
             tmp = directory / f".{file}.partial"
             tmp_files.append(tmp)
             tmp.write_bytes(result.data)

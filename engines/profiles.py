@@ -16,6 +16,14 @@ one execution context per profile, so switching costs nothing.
   1 ``tree``: one tree level, ``new_tokens`` = ``hidden_rows`` [1, K], ``feature_rows`` 0, ``past_len`` [1, max]:
     it follows the prefill.
 
+``draft_tree_k{K}_d{D}`` (a draft tree graph cut to D levels, ``C.tree_call``; rows are all feature rows)
+  0 ``prefill``: a prompt chunk's context pass (it grows the first round's tree), ``new_tokens`` [1, max(P, Dmax +
+    2)] (also a lagging request's catch-up pass), ``past_len`` [0, max].
+  1 ``round``: the context pass after a round (the accepted rows and the bonus, ``new_tokens`` [1, Dmax + 2]) that
+    grows the next round's tree, ``past_len`` [1, max]; batch [1, B].
+  Built for each top_k among the artifact's default trees (``tree_defaults`` and the per-batch table), at the deepest
+  depth they use (``tree_engine_calls``): a shallower tree of that top_k reads the first levels' candidates.
+
 Ranges: P = ``--max-prefill`` (default min(256, S), the runtime's prefill chunk), V = ``--max-tree-tokens``
 (default ``max_total_tokens`` + 1), B = ``--max-batch`` (default: the artifact's, ``export --max-batch``),
 S = ``max_seq_len``, K = ``max_top_k``, Dmax = ``max_depth``;
@@ -173,6 +181,37 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
                                          C.HIDDEN_ROWS: (1, k_opt, k_hi), C.PAST_LEN: (1, mid, past_hi)}),
         ]
     raise EngineError(f"no profiles are defined for graph {graph!r}")
+
+
+def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:
+    """(top_k, depth) of the draft tree graph calls ``build`` makes engines of: per top_k among the artifact's
+    default trees (``tree_defaults``, the per-batch table's rows) that has a tree graph, the deepest depth they use
+    (within the graph's levels). A tree set later (another ``tune``) drafts level by level until the next build."""
+    graphs = C.tree_graphs(manifest.graphs)
+    trees = [manifest.tree_defaults]
+    if manifest.batch_trees is not None:
+        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    deepest: dict[int, int] = {}
+    for t in trees:
+        if t.top_k in graphs and 1 <= t.depth <= graphs[t.top_k][1]:
+            deepest[t.top_k] = max(deepest.get(t.top_k, 0), t.depth)
+    return sorted(deepest.items())
+
+
+def tree_profiles(manifest: Manifest, top_k: int, depth: int, opts: ResolvedOptions) -> list[Profile]:
+    """The two profiles of the draft tree graph call ``C.tree_call(top_k, depth)`` (module docstring)."""
+    entry = manifest.graphs[C.tree_graph(top_k)]
+    past_hi = entry.axes[C.PAST_LEN][1]
+    mid = _clamp((manifest.max_seq_len - 1) // 2, 1, past_hi)
+    p, b = opts.max_prefill, opts.max_batch
+    ctx_hi = manifest.tree_limits.max_context_rows
+    c_hi = max(p, ctx_hi)
+    ctx_opt = _clamp(manifest.tree_defaults.depth + 1, 1, ctx_hi)  # a round that accepted about its depth
+    return [
+        make_profile("prefill", entry, {C.BATCH: (1, 1, b), C.NEW_TOKENS: (1, p, c_hi), C.PAST_LEN: (0, 0, past_hi)}),
+        make_profile("round", entry, {C.BATCH: (1, b, b), C.NEW_TOKENS: (1, ctx_opt, ctx_hi),
+                                      C.PAST_LEN: (1, mid, past_hi)}),
+    ]
 
 
 def choose_profile(profiles: list[Profile], axis_values: dict[str, int]) -> int | None:

@@ -33,6 +33,11 @@ class Backend(Protocol):
     #: The draft tree graph it runs (``contract.DRAFT_TREE_GRAPH``: a round's draft work in one call), or None: the
     #: loop then drafts with the step graph alone.
     tree_graph: str | None
+    #: Where it has one: top_k -> the most levels a tree call of that top_k grows (``contract.tree_call``); empty: none.
+    tree_depths: dict[int, int]
+    #: True when a tree call always grows those levels (a TensorRT engine is one cut; a shallower tree of its top_k
+    #: reads the first levels' candidates); False: a call is cut to the round's depth (ONNX Runtime).
+    fixed_tree_depth: bool
     #: The torch device of the buffers ``zeros`` allocates ("cpu", "cuda:0").
     device: str
     #: True when those buffers are plain host memory that the loop may read and write through numpy views at any

@@ -126,8 +126,8 @@ class GraphCalls:
         # The draft tree graphs (contract 6): a round's context pass and tree levels in one call, for trees of a
         # top_k the export made a graph for (top_k -> the most levels it grows), run cut to the round's depth.
         self.xgraph = backend.tree_graph
-        self.tree_depths = ({k: most for k, (_, most) in C.tree_graphs(manifest.graphs).items()}
-                            if self.xgraph is not None else {})
+        self.tree_depths = dict(backend.tree_depths) if self.xgraph is not None else {}
+        self._fixed_depth = backend.fixed_tree_depth
         if self.tree_depths:
             n = max(k + most * k * k for k, most in self.tree_depths.items())
             # Candidates are flat buffers: a call of n candidates over a sequences binds their first a * n entries.
@@ -275,6 +275,8 @@ class GraphCalls:
         (every row a feature row), each sequence's last context row in ``_last_row``: the context pass and the whole
         tree in one call."""
         self._embed(a * n)
+        if self._fixed_depth:  # an engine grows its depth whatever the round's (the first levels serve a shallower one)
+            depth = self.tree_depths[k]
         self._x_n = cand = k + depth * k * k
         fixed, outputs = self._tree_io(a, n, cand)
         inputs = self._draft_inputs(fixed, a, n, past, base)

@@ -286,6 +286,8 @@ class OrtBackend:
         # ``C.tree_call(top_k, depth)``: the graph cut to its depth, opened when first run (``_open_tree``).
         self.tree_graphs = C.tree_graphs(manifest.graphs) if draft_tree else {}
         self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_graphs else None
+        self.tree_depths = {k: most for k, (_, most) in self.tree_graphs.items()}
+        self.fixed_tree_depth = False  # each depth's call is the graph cut to it (_open_tree)
         self.spin = spin
         self._directory, self._manifest, self._providers, self._threads = Path(directory), manifest, providers, threads
         self._policy = parse_spin(spin)

@@ -34,6 +34,8 @@ class TimingBackend:
         self.max_prefill = inner.max_prefill
         self.target_graph = inner.target_graph
         self.tree_graph = inner.tree_graph
+        self.tree_depths = inner.tree_depths
+        self.fixed_tree_depth = inner.fixed_tree_depth
         self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)

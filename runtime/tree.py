@@ -281,8 +281,11 @@ class TreeGrower:
         if min(len(scores), len(tokens), len(parents)) < n:
             raise ValueError(f"a tree of top_k {self.params.top_k}, depth {self.params.depth} has {n} candidates, got "
                              f"{len(scores)}")
+        sc = scores[:n].tolist()
+        if not all(v <= 0 for v in sc):  # a parent must outscore its children (and NaN fails too)
+            raise ValueError(_NOT_LOGPROBS)
         self.reset()
-        self._scores.extend(scores[:n].tolist())
+        self._scores.extend(sc)
         self._tokens.extend(tokens[:n].tolist())
         self._parent.extend(parents[:n].tolist())
         self._level.extend(self._levels)

@@ -299,7 +299,7 @@ def check_engines(directory: Path, manifest: Manifest) -> None:
     """What can be checked without CUDA: engines were built, their files are there."""
     if manifest.engines is None:
         raise EngineError(f"{directory} has no TensorRT engines: run `eagle-export build {directory}` first")
-    for name in C.ENGINE_GRAPHS:
+    for name in (*C.ENGINE_GRAPHS, *(n for n in manifest.engines.graphs if n not in C.ENGINE_GRAPHS)):
         entry = manifest.engines.graphs.get(name)
         if entry is None:
             raise EngineError(f"{directory}: no engine for graph {name}: run `eagle-export build {directory}`")
@@ -420,7 +420,9 @@ class TrtBackend:
 
     name = "tensorrt"
     target_graph = C.TARGET_GRAPH  # engines are built from the standard graphs
-    tree_graph = None  # the draft tree graph is not built (docs/engines.md): the step graph drafts level by level
+    tree_graph = None  # C.DRAFT_TREE_GRAPH where `build` made a tree graph engine (set in __init__)
+    tree_depths: dict[int, int] = {}  # top_k -> the depth its tree engine grows (every call runs that depth)
+    fixed_tree_depth = True  # an engine is one cut: a shallower tree of its top_k reads its first levels
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
     open_s = 0.0  # every engine is opened up front
@@ -475,6 +477,17 @@ class TrtBackend:
             name: _TrtGraph(self, name, directory / info.graphs[name].file, g.spec, profiles_of(manifest, name))
             for name, g in manifest.graphs.items() if name in C.ENGINE_GRAPHS
         }
+        # The draft tree graph engines (`build` makes one per top_k of the default trees): a round's draft in one call.
+        self.tree_depths = {}
+        for name, e in info.graphs.items():
+            call = C.parse_tree_call(name)
+            base = manifest.graphs.get(C.tree_graph(call[0])) if call is not None else None
+            if base is None:
+                continue
+            self.graphs[name] = _TrtGraph(self, name, directory / e.file, C.tree_call_spec(base.spec, *call),
+                                          profiles_of(manifest, name))
+            self.tree_depths[call[0]] = call[1]
+        self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_depths else None
         # One block of context (activation) memory for every context of both engines: they run one at a time.
         size = max(g.memory_needed for g in self.graphs.values())
         self.context_memory = mem.zeros((max(size, 1),), torch.uint8)

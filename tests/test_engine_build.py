@@ -18,7 +18,14 @@ from eagle_export import contract as C
 from eagle_export.cli import main
 from eagle_export.engines import builder as B
 from eagle_export.engines.libs import load_lib
-from eagle_export.engines.profiles import Profile, graph_profiles, make_profile, resolve_options
+from eagle_export.engines.profiles import (
+    Profile,
+    graph_profiles,
+    make_profile,
+    resolve_options,
+    tree_engine_calls,
+    tree_profiles,
+)
 from eagle_export.errors import EngineError
 from eagle_export.manifest import MANIFEST_NAME, Manifest, load_manifest
 
@@ -45,16 +52,21 @@ def test_build_both_graphs(engines, rtx, dtype, precision):
     assert e.options == {"max_batch": 1, "max_prefill": 64, "max_tree_tokens": 13, "workspace": None,
                          "timing_cache": None, "compute_capabilities": built_for}
     opts = resolve_options(m)
-    assert set(e.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH}
+    # The standard graphs, and the draft tree graph of the default tree's top_k cut to its depth (4, 3).
+    call = C.tree_call(m.tree_defaults.top_k, m.tree_defaults.depth)
+    assert tree_engine_calls(m) == [(4, 3)]
+    assert set(e.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH, call}
     for name, g in e.graphs.items():
         path = art / g.file
         assert path.is_file() and path.stat().st_size == g.size_bytes > 100_000
         assert g.precision == precision and g.strongly_typed and g.build_s > 0
         # The profiles TensorRT read back from its optimisation profiles equal what profiles.py computed.
-        expected = [p.to_dict() for p in graph_profiles(m, name, opts)]
+        expected = [p.to_dict() for p in (tree_profiles(m, 4, 3, opts) if name == call
+                                          else graph_profiles(m, name, opts))]
         assert g.profiles == expected
-        assert [p["name"] for p in g.profiles] == (["prefill", "verify"] if name == C.TARGET_GRAPH
-                                                   else ["context", "tree"])
+        assert [p["name"] for p in g.profiles] == {C.TARGET_GRAPH: ["prefill", "verify"],
+                                                   C.DRAFT_GRAPH: ["context", "tree"],
+                                                   call: ["prefill", "round"]}[name]
     # No temporary files are left behind and the manifest round-trips with its engines entry.
     assert not [p for p in art.iterdir() if p.name.endswith(".partial")]
     raw = json.loads((art / MANIFEST_NAME).read_text())
@@ -133,8 +145,9 @@ def test_cli_build_with_options(engines, tmp_path):
     # stderr is not a terminal here: one progress line per engine, no redrawn bar.
     assert "\r" not in res.stderr
     progress = [ln for ln in res.stderr.splitlines() if ln.startswith("build ")]
-    assert [ln.split(" (")[0] for ln in progress] == ["build target_verify: 1/2 engines",
-                                                      "build draft_step: 2/2 engines"], res.stderr
+    assert [ln.split(" (")[0] for ln in progress] == ["build target_verify: 1/3 engines",
+                                                      "build draft_step: 2/3 engines",
+                                                      "build draft_tree_k4_d3: 3/3 engines"], res.stderr
     lines = res.output.strip().splitlines()
     assert any(ln.startswith("target_verify: target_verify.engine") and "prefill: new_tokens 1..16" in ln
                and "verify: new_tokens 1..8" in ln for ln in lines), res.output
@@ -171,7 +184,8 @@ def test_parse_size(text, value):
 
 def test_engine_files_are_named_after_graphs(engines):
     e = load_manifest(engines("fp32")).engines
-    assert {n: g.file for n, g in e.graphs.items()} == {n: f"{n}.engine" for n in (C.TARGET_GRAPH, C.DRAFT_GRAPH)}
+    assert {n: g.file for n, g in e.graphs.items()} == {n: f"{n}.engine" for n in (C.TARGET_GRAPH, C.DRAFT_GRAPH,
+                                                                                 C.tree_call(4, 3))}
     assert Path(engines("fp32"), "target_verify.onnx").is_file()  # the ONNX graphs stay for the ort backend
 
 

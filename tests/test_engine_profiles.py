@@ -12,6 +12,8 @@ from eagle_export.engines.profiles import (
     choose_profile,
     graph_profiles,
     resolve_options,
+    tree_engine_calls,
+    tree_profiles,
 )
 from eagle_export.errors import EngineError
 from eagle_export.manifest import load_manifest
@@ -164,3 +166,41 @@ def test_max_batch_profiles(manifest):
         assert ver.shapes["past_key.0"][1][0] == want and ver.shapes[C.ATTENTION_MASK][2][0] == want
     with pytest.raises(EngineError, match=r"--max-batch must be an integer in \[1, 4\]"):
         resolve_options(m, ProfileOptions(max_batch=5))
+
+
+def test_tree_engine_calls_follow_the_default_trees(manifest):
+    """One tree engine per top_k among the default trees, at the deepest depth they use: the default tree's alone,
+    then with a per-batch table (a deeper tree of the same top_k, a chain, a row without a draft)."""
+    from dataclasses import replace
+
+    from eagle_export.tree_params import BatchTree, BatchTrees, TreeParams
+
+    assert tree_engine_calls(manifest) == [(4, 3)]
+    table = BatchTrees((BatchTree(1, TreeParams(4, 2, 8)), BatchTree(2, TreeParams(4, 3, 12)),
+                        BatchTree(3, TreeParams(1, 3, 3)), BatchTree(4, None)))
+    m = replace(manifest, tree_defaults=TreeParams(4, 2, 8), batch_trees=table)
+    assert tree_engine_calls(m) == [(1, 3), (4, 3)]
+    # An artifact exported without tree graphs (`export --no-draft-tree`) builds none.
+    bare = replace(manifest, graphs={n: g for n, g in manifest.graphs.items() if not C.is_tree_graph(n)})
+    assert tree_engine_calls(bare) == []
+
+
+def test_tree_profiles_exact(manifest):
+    """A prompt chunk's context pass (batch 1 opt, from an empty cache) and a round's (the accepted rows and the
+    bonus, up to max_depth + 2, after at least one committed row); the mask is past + new at every point."""
+    pre, rnd = tree_profiles(manifest, 4, 3, resolve_options(manifest))
+    assert (pre.name, rnd.name) == ("prefill", "round")
+    assert axes_of(pre) == {"batch": [1, 1, 1], "new_tokens": [1, 64, 64], "past_len": [0, 0, 76],
+                            "total_len": [1, 64, 140]}
+    assert axes_of(rnd) == {"batch": [1, 1, 1], "new_tokens": [1, 4, 5], "past_len": [1, 31, 76],
+                            "total_len": [2, 35, 81]}
+    assert set(pre.shapes) == set(manifest.graphs[C.tree_graph(4)].spec.input_names)
+    assert rnd.shapes[C.LAST_ROW] == ((1,), (1,), (1,))
+    for p in (pre, rnd):
+        for i in range(3):
+            mask, pos = p.shapes[C.ATTENTION_MASK][i], p.shapes["past_key.0"][i]
+            assert mask[2] == pos[1] + mask[1]
+    # The round profile is chosen for a round's context pass, the prefill profile for a chunk or a long catch-up.
+    assert choose_profile([pre, rnd], {"batch": 1, "new_tokens": 4, "past_len": 30}) == 1
+    assert choose_profile([pre, rnd], {"batch": 1, "new_tokens": 9, "past_len": 30}) == 0
+    assert choose_profile([pre, rnd], {"batch": 1, "new_tokens": 4, "past_len": 0}) == 0

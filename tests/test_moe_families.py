@@ -184,7 +184,7 @@ def test_moe_engines_build_with_tensorrt_rtx_and_are_lossless(models, tmp_path, 
                             limits=TreeLimits(max_top_k=4, max_depth=3, max_total_tokens=12))
     art = shutil.copytree(src, tmp_path / "art")
     m = build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=16), progress=False)
-    assert m.engines is not None and set(m.engines.graphs) == set(C.ENGINE_GRAPHS)
+    assert m.engines is not None and set(m.engines.graphs) == {*C.ENGINE_GRAPHS, C.tree_call(4, 3)}
     assert expert_selections(art / m.graphs[C.TARGET_GRAPH].file)[0] == 0
     rt = emulated_runtime(art)
     ref = GreedyReference(target)

@@ -188,7 +188,9 @@ class PlanningBackend:
 
     name = "ort+trt-plan"
     target_graph = "target_verify"
-    tree_graph = None  # TensorRT builds the standard graphs only
+    tree_graph = None  # no tree graph engine here
+    tree_depths: dict = {}
+    fixed_tree_depth = True
     device = "cpu"
     host_memory = True
     max_prefill = None

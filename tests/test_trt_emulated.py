@@ -58,11 +58,50 @@ def test_greedy_is_transformers_greedy_with_chunked_prefill(engines):
         ref.compare(prompt, plain.tokens, want, cmp, "no-draft")
     assert not cmp.failures, cmp.failures
     assert cmp.tokens >= 3 * 3 * 20 - 20
-    # Both profiles of both engines ran, and prefill chunks never exceeded the prefill profile.
+    # Both profiles of every engine ran (the default tree's tree engine for TREE, the step graph level by level for
+    # CHAIN, whose top_k has no tree engine), and prefill chunks never exceeded the prefill profile.
     emu = rt.backend.emulator
     used = {(g, p) for g, p, _ in emu.executions}
-    assert used == {(C.TARGET_GRAPH, 0), (C.TARGET_GRAPH, 1), (C.DRAFT_GRAPH, 0), (C.DRAFT_GRAPH, 1)}
+    call = C.tree_call(4, 3)
+    assert used == {(C.TARGET_GRAPH, 0), (C.TARGET_GRAPH, 1), (C.DRAFT_GRAPH, 0), (C.DRAFT_GRAPH, 1), (call, 0),
+                    (call, 1)}
     assert max(a[C.NEW_TOKENS] for g, p, a in emu.executions if g == C.TARGET_GRAPH and p == 0) == 16
+
+
+def test_a_round_drafts_in_one_tree_engine_call(engines):
+    """`build` made an engine of the draft tree graph cut to the default tree's depth (top_k 4, depth 3): a round of
+    that tree is one verify and one tree engine call (the context pass that grows the next tree), no step graph
+    call; a shallower tree of the same top_k runs the same engine and reads its first levels. The rounds accept
+    exactly what ONNX Runtime's tree graph (cut to each tree's depth) accepts, tokens and accepted lengths alike.
+    Planted bugs this fails on: candidates read at the round's depth from an engine grown deeper (a wrong row
+    stride: other trees, other accepted lengths), the tree engine not used (step graph calls), a wrong cut."""
+    art = engines("fp32")
+    trt_rt, ort_rt = emulated_runtime(art, guard=False), EagleRuntime.open(art, threads=1, guard=False)
+    emu = trt_rt.backend.emulator
+    call = C.tree_call(4, 3)
+    assert trt_rt.backend.tree_depths == {4: 3}
+    shallow = TreeParams(top_k=4, depth=2, total_tokens=8)
+    reads = {}
+    for tree in (TREE, shallow, CHAIN):
+        for prompt in prompts(trt_rt.manifest.target.vocab_size, lengths=(5, 23)):
+            emu.executions.clear()
+            before = emu.mem.host_reads
+            a = trt_rt.generate(prompt_ids=prompt, max_new_tokens=20, tree=tree, stop_on_eos=False)
+            b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=20, tree=tree, stop_on_eos=False)
+            assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths, tree
+            ran = [g for g, _, _ in emu.executions]
+            rounds = a.stats.rounds
+            reads[tree] = (emu.mem.host_reads - before) / rounds
+            # The prefill's one chunk, then each round's verify; the context pass after every round but the last
+            if tree.top_k == 4:  # one tree engine call (it grows the next tree), never the step graph
+                assert ran.count(C.TARGET_GRAPH) == rounds + 1 and ran.count(call) == rounds
+                assert C.DRAFT_GRAPH not in ran
+            else:  # no tree engine for top_k 1: a context pass, then one call per level
+                assert call not in ran and ran.count(C.DRAFT_GRAPH) == rounds + 3 * rounds
+    # Each read waits for the device: a tree engine round reads its candidates once, a step graph round every level.
+    assert reads[TREE] < reads[CHAIN]
+    print(f"\nhost reads a round: tree engine {reads[TREE]:.1f} (4/3/12), {reads[shallow]:.1f} (4/2/8); step graph "
+          f"{reads[CHAIN]:.1f} (1/3/3)")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -170,16 +209,18 @@ def test_an_unaligned_output_goes_through_scratch_and_a_planted_alignment_bug_br
         call(64)
 
 
-def test_reading_outputs_before_the_stream_syncs_reads_poison(engines, monkeypatch):
+@pytest.mark.parametrize("tree, graph", [(TREE, C.tree_call(4, 3)), (CHAIN, C.DRAFT_GRAPH)])
+def test_reading_outputs_before_the_stream_syncs_reads_poison(engines, monkeypatch, tree, graph):
     """Planted: the backend no longer orders the caller's stream after its own (caller.wait_stream dropped). The
-    host read of the logits comes before the queued call has run: it reads poison (NaN), as a GPU would read
-    whatever the memory held, and the emulator names the call whose writes it missed."""
+    host read of the draft's output comes before the queued call has run: it reads poison (NaN), as a GPU would read
+    whatever the memory held, and the emulator names the call whose writes it missed: the tree engine's candidates
+    (the default tree) or the step graph's top-k (a chain, which has no tree engine)."""
     rt = emulated_runtime(engines("fp32"))
     mem = rt.backend.mem
     monkeypatch.setattr(type(mem.default), "wait_stream", lambda self, other: None)
-    with pytest.raises(ValueError, match="NaN"):  # the draft's top-k log-probs read back as NaN
-        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, tree=TREE, stop_on_eos=False)
-    assert any(r.startswith("a host read of") and "before draft_step (profile 0) wrote them" in r
+    with pytest.raises(ValueError, match="NaN"):  # the draft's (cumulative) log-probs read back as NaN
+        rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, tree=tree, stop_on_eos=False)
+    assert any(r.startswith("a host read of") and f"before {graph} (profile 0) wrote them" in r
                for r in mem.poisoned_reads), mem.poisoned_reads[:3]
 
 
@@ -214,7 +255,7 @@ def test_engines_of_a_library_that_cannot_run_on_the_gpu_are_refused(engines):
 def test_all_contexts_share_one_block_of_context_memory(engines):
     rt = emulated_runtime(engines("fp32"))
     contexts = [c for g in rt.backend.graphs.values() for c in g.contexts]
-    assert len(contexts) == 4
+    assert len(contexts) == 6  # two profiles each: target, draft step, the default tree's tree engine
     assert {c.device_memory for c in contexts} == {(rt.backend.context_memory.data_ptr(),
                                                     rt.backend.context_memory.numel())}
     assert all(c.strategy.name == "USER_MANAGED" for c in contexts)
@@ -240,8 +281,9 @@ def test_a_repeated_call_shape_sets_only_what_changed(engines):
     names = {g: len(rt.manifest.graphs[g].spec.input_names) for g in rt.manifest.graphs}
     assert calls == first["execute_async_v3"] > 20
     assert second["set_tensor_address"] == 0 and second["get_tensor_shape"] == 0
-    # Each call sets at most its past_* views (2 per layer) plus the mask and the row-count inputs.
-    assert second["set_input_shape"] < calls * max(names.values()) / 2
+    # Each call sets at most its past_* views (2 per layer) plus the mask and the row-count inputs (a tree engine's
+    # call moves 6 of its 7 inputs: the context rows and the cache), well under every input of every call.
+    assert second["set_input_shape"] < calls * max(names.values()) * 0.6
     print(f"\nper call, a repeated generation: {second['set_input_shape'] / calls:.1f} set_input_shape, "
           f"0 set_tensor_address, 0 get_tensor_shape (first generation: {first['set_tensor_address'] / calls:.1f} "
           "set_tensor_address)")
@@ -292,6 +334,7 @@ def test_tensorrt_rtx_runtime_configuration_and_cache(engines, tmp_path, caplog)
     assert all(c.runtime_cache is not None and not c.runtime_cache.loaded for c in configs)
     be.save_runtime_cache()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft_step.engine.runtime_cache",
+                                                         "draft_tree_k4_d3.engine.runtime_cache",
                                                          "target_verify.engine.runtime_cache"]
     nowhere = emulated_backend(art, runtime_cache_dir=tmp_path / "missing")
     with caplog.at_level("WARNING", logger="eagle_export"):
@@ -311,9 +354,9 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
         shapes, addresses = {}, {}
         g.shapes = [shapes] * len(g.shapes)
         g.addresses = [addresses] * len(g.addresses)
-    # The draft's first tree level (profile 1) gets the shapes that differ from the context pass, but no address.
-    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): draft_step: no address for "
-                                            r"\['input_embeds', 'features'"):
+    # The first verify (profile 1) gets the shapes that differ from the prefill's, but no address.
+    with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): target_verify: no address "
+                                            r"for \['input_ids', 'position_ids'"):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
 
 

@@ -45,6 +45,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, numpy_helper
 
+from eagle_export import contract as C
 from eagle_export.contract import GraphSpec
 from eagle_export.dtypes import DTYPES
 from eagle_export.engines.libs import TrtLib
@@ -122,6 +123,7 @@ class EmulatedMemory:
         self.default = self.stream()  # the caller's stream when no ``on`` is active
         self._on: EmulatedStream | None = None
         self.poisoned_reads: list[str] = []  # what read bytes of a write still queued (for messages and tests)
+        self.host_reads = 0  # ``to_host`` calls: each waits for the device (tests count them per round)
 
     # allocation
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -252,6 +254,7 @@ class EmulatedMemory:
         """``x.cpu()``: waits for the current stream (and what it waits for); bytes that a write queued before
         still has not written (on a stream the current one does not wait for) read as poison."""
         self.sync_current()
+        self.host_reads += 1
         s = self.current_stream()
         if s.fault is not None:
             raise RuntimeError(s.fault)
@@ -470,7 +473,10 @@ class EmulatedEngine:
         self.emulator = emulator
         self.graph = graph
         self.logger = logger
-        self.spec: GraphSpec = emulator.manifest.graphs[graph].spec
+        call = C.parse_tree_call(graph)
+        graphs = emulator.manifest.graphs
+        self.spec: GraphSpec = (graphs[graph].spec if call is None
+                                else C.tree_call_spec(graphs[C.tree_graph(call[0])].spec, *call))
         self.profiles: list[Profile] = profiles_of(emulator.manifest, graph)
         self._names = [t.name for t in (*self.spec.inputs, *self.spec.outputs)]
         self._inputs = set(self.spec.input_names)
@@ -774,10 +780,22 @@ class TrtEmulator:
         self.refuse_profile = None
         self._sessions: dict[str, ort.InferenceSession] = {}
 
+    def source(self, graph: str, load_external_data: bool = False) -> onnx.ModelProto:
+        """The ONNX graph the engine of ``graph`` was built from: the artifact's graph of that name, or for a draft tree
+        graph call (``C.tree_call``) its top_k's tree graph cut to the call's depth, as `build` cut it."""
+        call = C.parse_tree_call(graph)
+        name = C.tree_graph(call[0]) if call is not None else graph
+        entry = self.manifest.graphs[name]
+        model = onnx.load(str(self.directory / entry.file), load_external_data=load_external_data)
+        if call is not None:
+            from eagle_export.runtime.tree_graph import cut
+
+            cut(model, *call, entry.axes[C.TREE_DEPTH][1])
+        return model
+
     def onnx_dtypes(self, graph: str) -> dict[str, str]:
         """The source graph's I/O dtypes (the contract's names), read from the ONNX file the engine was built from."""
-        path = self.directory / self.manifest.graphs[graph].file
-        model = onnx.load(str(path), load_external_data=False)
+        model = self.source(graph)
         by_onnx = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
                    TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.BOOL: "bool",
                    TensorProto.INT8: "int8", TensorProto.UINT8: "uint8"}
@@ -789,15 +807,17 @@ class TrtEmulator:
     def session(self, graph: str) -> ort.InferenceSession:
         s = self._sessions.get(graph)
         if s is None:
-            path = self.directory / self.manifest.graphs[graph].file
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = self.threads
             opts.log_severity_level = 3
-            if self.manifest.dtype == "bfloat16":
-                model = _fp32_copy(onnx.load(str(path)))
+            if self.manifest.dtype == "bfloat16" or C.parse_tree_call(graph) is not None:
+                model = self.source(graph, load_external_data=True)
+                if self.manifest.dtype == "bfloat16":
+                    model = _fp32_copy(model)
                 s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
             else:
-                s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+                s = ort.InferenceSession(str(self.directory / self.manifest.graphs[graph].file), opts,
+                                         providers=["CPUExecutionProvider"])
             self._sessions[graph] = s
         return s
 
