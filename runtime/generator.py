@@ -127,16 +127,15 @@ class Generator(GraphCalls):
     def _load_tree(self, s: Slot, b: int, committed: int, row: int | None = None) -> None:
         """Slot b's next tree from the tree graph's output row ``row`` (default b; s has ``committed`` rows once this
         round's are in), and its context row (top-k and hidden) as a step-graph context pass would have left it."""
-        x, xn, r = self._x, self._xnp, b if row is None else row
+        r = b if row is None else row
         c = slice(r * self._x_n, (r + 1) * self._x_n)  # row r of the last call's [a, n] candidates
-        if xn is not None:  # host memory: numpy views made once
-            s.grower.load(xn["scores"][c], xn["tokens"][c], xn["parents"][c])
-            self.ctx_vals[b], self.ctx_ids[b] = xn["vals"][r], xn["ids"][r]
+        xn = self.tree_output()
+        s.grower.load(xn["scores"][c], xn["tokens"][c], xn["parents"][c])
+        self.ctx_vals[b], self.ctx_ids[b] = xn["vals"][r], xn["ids"][r]
+        if self._np_ctx_hidden is not None:  # host memory: numpy views made once
             self._np_ctx_hidden[b] = xn["hidden"][r]
         else:
-            s.grower.load(*(self.backend.to_host(x[k][c]) for k in ("scores", "tokens", "parents")))
-            self.ctx_vals[b], self.ctx_ids[b] = self.backend.to_host(x["vals"][r]), self.backend.to_host(x["ids"][r])
-            self.ctx_hidden[b].copy_(x["hidden"][r])
+            self.ctx_hidden[b].copy_(self._x["hidden"][r])
         s.ready = True
         self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
 

@@ -131,9 +131,21 @@ class GraphCalls:
         if self.tree_depths:
             n = max(k + most * k * k for k, most in self.tree_depths.items())
             # Candidates are flat buffers: a call of n candidates over a sequences binds their first a * n entries.
-            self._x = {"scores": zeros((B * n,), torch.float32), "tokens": zeros((B * n,), torch.int64),
-                       "parents": zeros((B * n,), torch.int64), "vals": zeros((B, K), torch.float32),
-                       "ids": zeros((B, K), torch.int64), "hidden": zeros((B, d.hidden_size), dtype)}
+            # They and the context row's top-k are parts of one block, each at a 256-byte boundary, so that on a
+            # device one host read fetches what a tree call returned (``tree_output``), not one read per output.
+            parts = {"scores": (np.float32, B * n), "tokens": (np.int64, B * n), "parents": (np.int64, B * n),
+                     "vals": (np.float32, B * K), "ids": (np.int64, B * K)}
+            self._x_parts, end = {}, 0
+            for name, (typ, count) in parts.items():
+                self._x_parts[name] = (end, typ, count)
+                end += -(-count * np.dtype(typ).itemsize // 256) * 256
+            self._xblock = zeros((end,), torch.uint8)
+            as_torch = {np.float32: torch.float32, np.int64: torch.int64}
+            self._x = {name: self._xblock[o:o + count * np.dtype(typ).itemsize].view(as_torch[typ])
+                       for name, (o, typ, count) in self._x_parts.items()}
+            self._x["vals"], self._x["ids"] = self._x["vals"].view(B, K), self._x["ids"].view(B, K)
+            self._x["hidden"] = zeros((B, d.hidden_size), dtype)
+            self._x_host: dict | None = None  # the last tree call's block read to the host (device buffers)
             self._x_n = 0  # candidates per sequence of the last tree call
             self._last_row = HostScratch(B, np.int64)
             self._xnp = {k: v.numpy() for k, v in self._x.items()} if self._cpu else None
@@ -283,6 +295,21 @@ class GraphCalls:
         t0 = time.perf_counter()
         self.backend.run(C.tree_call(k, depth), inputs, outputs)
         self._t_draft += time.perf_counter() - t0
+        self._x_host = None
+
+    def tree_output(self) -> dict[str, np.ndarray]:
+        """The last tree call's candidates and context rows' top-k on the host: numpy views of host buffers, or one
+        read of the block on a device (made once per call, whichever slots load from it)."""
+        if self._xnp is not None:
+            return self._xnp
+        if self._x_host is None:
+            raw = self.backend.to_host(self._xblock)
+            K = self.ctx_vals.shape[1]
+            self._x_host = {name: raw[o:o + count * np.dtype(typ).itemsize].view(typ)
+                            for name, (o, typ, count) in self._x_parts.items()}
+            self._x_host["vals"] = self._x_host["vals"].reshape(-1, K)
+            self._x_host["ids"] = self._x_host["ids"].reshape(-1, K)
+        return self._x_host
 
     def tree_graph_fits(self, top_k: int, depth: int) -> bool:
         """Does a round of this tree draft in one call (a draft tree graph for its top_k, at least its depth)? Else
