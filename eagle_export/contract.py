@@ -118,6 +118,14 @@ TREE_PARENTS = "tree_parents"
 CONTEXT_TOPK_LOGPROBS = "context_topk_logprobs"
 CONTEXT_TOPK_IDS = "context_topk_ids"
 CONTEXT_HIDDEN = "context_hidden"
+# Appended to the TensorRT engines' sources (engines/round_ops.py): the verify tree selected by the tree engine, the
+# greedy acceptance computed by the verify engine.
+SELECT_TOKENS = "select_tokens"
+SELECT_DEPTHS = "select_depths"
+SELECT_MASK = "select_mask"
+NEXT_IDS = "next_ids"
+ACCEPT_COUNT = "accept_count"
+ACCEPT_ROWS = "accept_rows"
 
 
 def past_key(layer: int) -> str:
