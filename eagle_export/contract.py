@@ -308,6 +308,21 @@ def tree_call_spec(spec: GraphSpec, top_k: int, depth: int) -> GraphSpec:
     return GraphSpec(tree_call(top_k, depth), tuple(fix(t) for t in spec.inputs), tuple(fix(t) for t in spec.outputs))
 
 
+def with_acceptance(spec: GraphSpec) -> GraphSpec:
+    """The standard target graph's spec with the outputs ``engines/round_ops.append_acceptance`` adds (a verify engine
+    built by `build`)."""
+    return GraphSpec(spec.name, spec.inputs, (*spec.outputs, TensorSpec(NEXT_IDS, "int64", (BATCH, LOGIT_ROWS)),
+                                              TensorSpec(ACCEPT_COUNT, "int64", (BATCH,)),
+                                              TensorSpec(ACCEPT_ROWS, "int64", (BATCH, LOGIT_ROWS))))
+
+
+def with_selection(spec: GraphSpec, select: int) -> GraphSpec:
+    """A tree call's spec with the outputs ``engines/round_ops.append_selection`` adds for ``select`` candidates."""
+    return GraphSpec(spec.name, spec.inputs, (*spec.outputs, TensorSpec(SELECT_TOKENS, "int64", (BATCH, select)),
+                                              TensorSpec(SELECT_DEPTHS, "int64", (BATCH, select)),
+                                              TensorSpec(SELECT_MASK, "bool", (BATCH, select, select))))
+
+
 def is_tree_graph(name: str) -> bool:
     """A draft tree graph's name (``tree_graph``) or a call of one (``tree_call``)."""
     return name == DRAFT_TREE_GRAPH or name.startswith(f"{DRAFT_TREE_GRAPH}_k")

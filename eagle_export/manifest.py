@@ -108,6 +108,10 @@ class EngineEntry:
     # Optimisation profiles in index order: {name, axes: {axis: [min, opt, max]},
     # shapes: {input: {min, opt, max}}} as TensorRT read them back (engines/profiles.py computes them).
     profiles: list[dict]
+    # Operators `build` appended to the engine's source (engines/round_ops.py): {"accept": true} for the verify
+    # engine (its greedy acceptance), {"select": N} for a tree engine (its N best candidates as a verify tree);
+    # empty for engines built before (the runtime then selects and accepts on the host).
+    appended: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +119,8 @@ class EngineEntry:
     @classmethod
     def from_dict(cls, d: dict) -> EngineEntry:
         return cls(file=d["file"], size_bytes=int(d["size_bytes"]), build_s=float(d["build_s"]),
-                   precision=d["precision"], strongly_typed=bool(d["strongly_typed"]), profiles=list(d["profiles"]))
+                   precision=d["precision"], strongly_typed=bool(d["strongly_typed"]), profiles=list(d["profiles"]),
+                   appended=dict(d.get("appended", {})))
 
 
 @dataclass

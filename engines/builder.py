@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+
 from eagle_export import contract as C
 from eagle_export.contract import GraphSpec
 from eagle_export.dtypes import BY_TRT
@@ -28,7 +30,15 @@ from eagle_export.manifest import EngineEntry, EnginesInfo, load_manifest
 from eagle_export.progress import progress_bar
 
 from .libs import RTX_BUILD_FOR, TrtLib, capability_text, load_lib, make_builder, make_logger
-from .profiles import Profile, ProfileOptions, graph_profiles, resolve_options, tree_engine_calls, tree_profiles
+from .profiles import (
+    Profile,
+    ProfileOptions,
+    graph_profiles,
+    resolve_options,
+    select_count,
+    tree_engine_calls,
+    tree_profiles,
+)
 
 log = logging.getLogger(__name__)
 
@@ -291,24 +301,47 @@ def _standard_ops(path: Path) -> bool:
     """Whether a graph has standard ONNX operators only. A quantized draft's tree graphs hold ONNX Runtime's
     ``MatMulNBits`` (the step graph keeps standard dequantizing operators for TensorRT): those are not built, and such
     an artifact drafts level by level on TensorRT."""
-    import onnx
-
     model = onnx.load(str(path), load_external_data=False)
     return all(node.domain in ("", "ai.onnx") for node in model.graph.node)
 
 
-def _write_cut(path: Path, out: Path, top_k: int, depth: int, graph_depth: int) -> None:
-    """The draft tree graph at ``path`` cut to ``depth`` levels (``runtime/tree_graph.py``), written to ``out`` in the
-    same directory: its weights stay where they are (external data, by relative location)."""
-    import onnx
+def engine_spec(manifest, name: str, appended: dict) -> GraphSpec:
+    """The IO of the engine ``name`` (a graph of ``C.ENGINE_GRAPHS`` or a ``C.tree_call``) with the operators
+    ``appended`` to its source: what `build` checks the network against and the backend binds."""
+    call = C.parse_tree_call(name)
+    if call is None:
+        spec = manifest.graphs[name].spec
+        return C.with_acceptance(spec) if appended.get("accept") else spec
+    spec = C.tree_call_spec(manifest.graphs[C.tree_graph(call[0])].spec, *call)
+    return C.with_selection(spec, appended["select"]) if "select" in appended else spec
 
-    from eagle_export.runtime.tree_graph import CutError, cut
 
+def engine_source(directory: Path, manifest, name: str, appended: dict, load_external_data: bool = False):
+    """The ONNX graph the engine ``name`` is built from: the artifact's graph of that name, or for a ``C.tree_call``
+    its top_k's tree graph cut to the call's depth (``runtime/tree_graph.py``), with the operators ``appended``
+    (engines/round_ops.py). Its weights stay in the artifact's data files (external data by relative location: save
+    it in ``directory``)."""
+    from .round_ops import append_acceptance, append_selection
+
+    call = C.parse_tree_call(name)
+    entry = manifest.graphs[name if call is None else C.tree_graph(call[0])]
+    path = Path(directory) / entry.file
     try:
-        model = cut(onnx.load(str(path), load_external_data=False), top_k, depth, graph_depth)
-    except (CutError, OSError, ValueError) as e:
-        raise EngineError(f"could not cut the draft tree graph {path.name} to {depth} levels: {e}") from e
-    onnx.save(model, str(out))
+        model = onnx.load(str(path), load_external_data=load_external_data)
+    except (OSError, ValueError) as e:
+        raise EngineError(f"could not load graph {path}: {e}") from e
+    if call is not None:
+        from eagle_export.runtime.tree_graph import CutError, cut
+
+        try:
+            cut(model, *call, entry.axes[C.TREE_DEPTH][1])
+        except CutError as e:
+            raise EngineError(f"could not cut the draft tree graph {path.name} to {call[1]} levels: {e}") from e
+        if "select" in appended:
+            append_selection(model, *call, appended["select"])
+    elif appended.get("accept"):
+        append_acceptance(model)
+    return model
 
 
 def check_quantization(manifest) -> None:
@@ -360,15 +393,16 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
         for name in [*names, *calls]:
             bar.set_description(f"build {name}")
             if name in calls:
-                k, d = calls[name]
-                entry = manifest.graphs[C.tree_graph(k)]
-                spec, profiles = C.tree_call_spec(entry.spec, k, d), tree_profiles(manifest, k, d, popts)
-                source = directory / f".{name}.onnx.partial"
-                tmp_files.append(source)
-                _write_cut(directory / entry.file, source, k, d, entry.axes[C.TREE_DEPTH][1])
+                appended = {"select": select_count(manifest, *calls[name])}
+                profiles = tree_profiles(manifest, *calls[name], popts)
             else:
-                entry = manifest.graphs[name]
-                spec, profiles, source = entry.spec, graph_profiles(manifest, name, popts), directory / entry.file
+                appended = {"accept": True} if name == C.TARGET_GRAPH else {}
+                profiles = graph_profiles(manifest, name, popts)
+            spec = engine_spec(manifest, name, appended)
+            source = directory / manifest.graphs[name].file if not appended else directory / f".{name}.onnx.partial"
+            if appended:
+                tmp_files.append(source)
+                onnx.save(engine_source(directory, manifest, name, appended), str(source))
             result = build_graph(lib, source, name, spec, profiles, workspace=workspace,
                                  timing_cache=timing_cache, bar=bar if progress else None)
             file = name + ENGINE_SUFFIX
@@ -377,7 +411,7 @@ def build_engines(directory: str | Path, options: BuildOptions | None = None, pr
             tmp.write_bytes(result.data)
             built[name] = (EngineEntry(file=file, size_bytes=len(result.data), build_s=round(result.build_s, 3),
                                        precision=manifest.dtype, strongly_typed=True,
-                                       profiles=[p.to_dict() for p in result.profiles]), tmp)
+                                       profiles=[p.to_dict() for p in result.profiles], appended=appended), tmp)
             bar.update()
         for entry, tmp in built.values():
             os.replace(tmp, directory / entry.file)

@@ -198,6 +198,18 @@ def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:
     return sorted(deepest.items())
 
 
+def select_count(manifest: Manifest, top_k: int, depth: int) -> int:
+    """How many candidates a tree engine of ``(top_k, depth)`` selects as its verify tree (``round_ops``): the most
+    draft tokens a default tree of that top_k and depth verifies (a tree of fewer takes the best of them), else the
+    default trees' of that top_k; at most the candidates it grows."""
+    trees = [manifest.tree_defaults]
+    if manifest.batch_trees is not None:
+        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    same = [t.total_tokens for t in trees if t.top_k == top_k and t.depth == depth]
+    most = max(same or [t.total_tokens for t in trees if t.top_k == top_k])
+    return min(most, top_k + depth * top_k * top_k)
+
+
 def tree_profiles(manifest: Manifest, top_k: int, depth: int, opts: ResolvedOptions) -> list[Profile]:
     """The two profiles of the draft tree graph call ``C.tree_call(top_k, depth)`` (module docstring)."""
     entry = manifest.graphs[C.tree_graph(top_k)]

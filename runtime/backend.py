@@ -38,6 +38,11 @@ class Backend(Protocol):
     #: True when a tree call always grows those levels (a TensorRT engine is one cut; a shallower tree of its top_k
     #: reads the first levels' candidates); False: a call is cut to the round's depth (ONNX Runtime).
     fixed_tree_depth: bool
+    #: True when every target call also returns the greedy acceptance of its logit rows (``contract.with_acceptance``:
+    #: a TensorRT verify engine built with ``engines/round_ops.py``'s operators); the loop binds those outputs.
+    accepts_in_graph: bool
+    #: top_k -> how many candidates its tree calls also return as a verify tree (``contract.with_selection``).
+    tree_selects: dict[int, int]
     #: The torch device of the buffers ``zeros`` allocates ("cpu", "cuda:0").
     device: str
     #: True when those buffers are plain host memory that the loop may read and write through numpy views at any

@@ -128,21 +128,20 @@ class GraphCalls:
         self.xgraph = backend.tree_graph
         self.tree_depths = dict(backend.tree_depths) if self.xgraph is not None else {}
         self._fixed_depth = backend.fixed_tree_depth
+        self.selects: dict[int, int] = {}
         if self.tree_depths:
             n = max(k + most * k * k for k, most in self.tree_depths.items())
             # Candidates are flat buffers: a call of n candidates over a sequences binds their first a * n entries.
             # They and the context row's top-k are parts of one block, each at a 256-byte boundary, so that on a
             # device one host read fetches what a tree call returned (``tree_output``), not one read per output.
+            # A tree engine's verify tree (``Backend.tree_selects``) is in the block too.
             parts = {"scores": (np.float32, B * n), "tokens": (np.int64, B * n), "parents": (np.int64, B * n),
                      "vals": (np.float32, B * K), "ids": (np.int64, B * K)}
-            self._x_parts, end = {}, 0
-            for name, (typ, count) in parts.items():
-                self._x_parts[name] = (end, typ, count)
-                end += -(-count * np.dtype(typ).itemsize // 256) * 256
-            self._xblock = zeros((end,), torch.uint8)
-            as_torch = {np.float32: torch.float32, np.int64: torch.int64}
-            self._x = {name: self._xblock[o:o + count * np.dtype(typ).itemsize].view(as_torch[typ])
-                       for name, (o, typ, count) in self._x_parts.items()}
+            self.selects = {k: v for k, v in backend.tree_selects.items() if k in self.tree_depths}
+            S = max(self.selects.values(), default=0)
+            if S:
+                parts.update(sel_tokens=(np.int64, B * S), sel_depths=(np.int64, B * S), sel_mask=(np.bool_, B * S * S))
+            self._xblock, self._x, self._x_parts = packed_block(zeros, parts)
             self._x["vals"], self._x["ids"] = self._x["vals"].view(B, K), self._x["ids"].view(B, K)
             self._x["hidden"] = zeros((B, d.hidden_size), dtype)
             self._x_host: dict | None = None  # the last tree call's block read to the host (device buffers)
@@ -150,6 +149,18 @@ class GraphCalls:
             self._last_row = HostScratch(B, np.int64)
             self._xnp = {k: v.numpy() for k, v in self._x.items()} if self._cpu else None
         self.vocab = t.vocab_size
+        # The verify engine's greedy acceptance (``Backend.accepts_in_graph``), bound on every target call: each logit
+        # row's argmax, and per sequence the accepted count and path rows; one block, read once (``acceptance``).
+        self.in_graph_accept = backend.accepts_in_graph
+        if self.in_graph_accept:
+            rows = B * verify_rows
+            self._accblock, self._acc, self._acc_parts = packed_block(
+                zeros, {"next_ids": (np.int64, rows), "rows": (np.int64, rows), "count": (np.int64, B)})
+
+    def acceptance(self) -> dict[str, np.ndarray]:
+        """The last target call's acceptance block on the host (one read): ``next_ids`` and ``rows`` [a * r] flat as
+        bound, ``count`` [a]."""
+        return read_block(self.backend, self._accblock, self._acc_parts)
 
     # ---- host access ---------------------------------------------------------------------------
     def _rows_np(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -206,6 +217,11 @@ class GraphCalls:
                    C.LOGIT_INDICES: self._host(self._lidx, a, r)}
             outs = {C.LOGITS: self._rows["logits"].block(row0, a, r)[0],
                     C.FEATURES: self._rows["tfeats"].block(row0, a, n)[0]}
+            if self.in_graph_accept:  # a backend whose target calls all return it (TensorRT, no per-sequence calls)
+                acc = self._acc
+                outs.update({C.NEXT_IDS: acc["next_ids"][row0:row0 + a * r].view(a, r),
+                             C.ACCEPT_ROWS: acc["rows"][row0:row0 + a * r].view(a, r),
+                             C.ACCEPT_COUNT: acc["count"][:a]})
             cache_ins, cache_outs = self.tkv.bindings(slot, a, n)
             ins.update(cache_ins)
             outs.update(cache_outs)
@@ -226,8 +242,8 @@ class GraphCalls:
             io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
         return io
 
-    def _tree_io(self, a: int, n: int, cand: int) -> tuple[MappingProxyType, MappingProxyType]:
-        key = ("x", a, n, cand)
+    def _tree_io(self, a: int, n: int, cand: int, k: int) -> tuple[MappingProxyType, MappingProxyType]:
+        key = ("x", a, n, cand, k)
         io = self._io_memo.get(key)
         if io is None:
             x = self._x
@@ -237,6 +253,11 @@ class GraphCalls:
             outs = {C.TREE_SCORES: flat["scores"], C.TREE_TOKENS: flat["tokens"], C.TREE_PARENTS: flat["parents"],
                     C.CONTEXT_TOPK_LOGPROBS: x["vals"][:a], C.CONTEXT_TOPK_IDS: x["ids"][:a],
                     C.CONTEXT_HIDDEN: x["hidden"][:a]}
+            if k in self.selects:  # the tree engine's verify tree of its top_k
+                S = self.selects[k]
+                outs.update({C.SELECT_TOKENS: x["sel_tokens"][:a * S].view(a, S),
+                             C.SELECT_DEPTHS: x["sel_depths"][:a * S].view(a, S),
+                             C.SELECT_MASK: x["sel_mask"][:a * S * S].view(a, S, S)})
             outs = {k: view_of(v) for k, v in outs.items()}
             outs.update(zip(self._draft_names[1], self.dcache.new_block_views(a, n), strict=True))
             io = self._io_memo[key] = (MappingProxyType(ins), MappingProxyType(outs))
@@ -290,7 +311,7 @@ class GraphCalls:
         if self._fixed_depth:  # an engine grows its depth whatever the round's (the first levels serve a shallower one)
             depth = self.tree_depths[k]
         self._x_n = cand = k + depth * k * k
-        fixed, outputs = self._tree_io(a, n, cand)
+        fixed, outputs = self._tree_io(a, n, cand, k)
         inputs = self._draft_inputs(fixed, a, n, past, base)
         t0 = time.perf_counter()
         self.backend.run(C.tree_call(k, depth), inputs, outputs)
@@ -303,10 +324,8 @@ class GraphCalls:
         if self._xnp is not None:
             return self._xnp
         if self._x_host is None:
-            raw = self.backend.to_host(self._xblock)
             K = self.ctx_vals.shape[1]
-            self._x_host = {name: raw[o:o + count * np.dtype(typ).itemsize].view(typ)
-                            for name, (o, typ, count) in self._x_parts.items()}
+            self._x_host = read_block(self.backend, self._xblock, self._x_parts)
             self._x_host["vals"] = self._x_host["vals"].reshape(-1, K)
             self._x_host["ids"] = self._x_host["ids"].reshape(-1, K)
         return self._x_host
@@ -315,3 +334,25 @@ class GraphCalls:
         """Does a round of this tree draft in one call (a draft tree graph for its top_k, at least its depth)? Else
         it drafts level by level with the step graph."""
         return 1 <= depth <= self.tree_depths.get(top_k, 0)
+
+
+def packed_block(zeros, parts: dict[str, tuple[type, int]]) -> tuple[torch.Tensor, dict, dict]:
+    """One byte buffer holding ``parts`` (name -> (numpy dtype, elements)), each at a 256-byte boundary (TensorRT's
+    address alignment): (the buffer, name -> typed flat view, name -> (offset, dtype, elements)). Outputs bound to its
+    parts come back to the host in one read (``read_block``)."""
+    layout, end = {}, 0
+    for name, (typ, count) in parts.items():
+        layout[name] = (end, typ, count)
+        end += -(-count * np.dtype(typ).itemsize // 256) * 256
+    block = zeros((max(end, 1),), torch.uint8)
+    as_torch = {np.float32: torch.float32, np.int64: torch.int64, np.bool_: torch.bool}
+    views = {name: block[o:o + count * np.dtype(typ).itemsize].view(as_torch[typ])
+             for name, (o, typ, count) in layout.items()}
+    return block, views, layout
+
+
+def read_block(backend, block: torch.Tensor, layout: dict) -> dict[str, np.ndarray]:
+    """A ``packed_block`` on the host: one ``to_host`` of the buffer, typed numpy views of its parts."""
+    raw = backend.to_host(block)
+    return {name: raw[o:o + count * np.dtype(typ).itemsize].view(typ) for name, (o, typ, count) in layout.items()}
+

@@ -288,6 +288,8 @@ class OrtBackend:
         self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_graphs else None
         self.tree_depths = {k: most for k, (_, most) in self.tree_graphs.items()}
         self.fixed_tree_depth = False  # each depth's call is the graph cut to it (_open_tree)
+        # The host selects and accepts: on the CPU provider some fifty small nodes cost more (docs/engines.md).
+        self.accepts_in_graph, self.tree_selects = False, {}
         self.spin = spin
         self._directory, self._manifest, self._providers, self._threads = Path(directory), manifest, providers, threads
         self._policy = parse_spin(spin)

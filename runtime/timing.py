@@ -36,6 +36,8 @@ class TimingBackend:
         self.tree_graph = inner.tree_graph
         self.tree_depths = inner.tree_depths
         self.fixed_tree_depth = inner.fixed_tree_depth
+        self.accepts_in_graph = inner.accepts_in_graph
+        self.tree_selects = inner.tree_selects
         self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)

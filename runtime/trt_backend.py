@@ -322,6 +322,7 @@ class _TrtGraph:
         mem = backend.mem
         self.name = name
         self.path = path
+        self.spec = spec  # the engine's IO: the graph's, with what `build` appended (builder.engine_spec)
         self.profiles = profiles
         data = path.read_bytes()
         backend.logger.reset()
@@ -423,6 +424,8 @@ class TrtBackend:
     tree_graph = None  # C.DRAFT_TREE_GRAPH where `build` made a tree graph engine (set in __init__)
     tree_depths: dict[int, int] = {}  # top_k -> the depth its tree engine grows (every call runs that depth)
     fixed_tree_depth = True  # an engine is one cut: a shallower tree of its top_k reads its first levels
+    accepts_in_graph = False  # the verify engine returns the greedy acceptance (set in __init__)
+    tree_selects: dict[int, int] = {}  # top_k -> how many candidates its tree engine selects as a verify tree
     host_memory = False
     last_exec_s = None  # work is queued on a stream: time run + synchronize
     open_s = 0.0  # every engine is opened up front
@@ -473,20 +476,25 @@ class TrtBackend:
         self.stream = mem.stream()
         self.logger = make_logger(self.lib)
         self.runtime = self.lib.module.Runtime(self.logger)
+        from eagle_export.engines.builder import engine_spec
+
         self.graphs = {
-            name: _TrtGraph(self, name, directory / info.graphs[name].file, g.spec, profiles_of(manifest, name))
-            for name, g in manifest.graphs.items() if name in C.ENGINE_GRAPHS
+            name: _TrtGraph(self, name, directory / info.graphs[name].file,
+                            engine_spec(manifest, name, info.graphs[name].appended), profiles_of(manifest, name))
+            for name in manifest.graphs if name in C.ENGINE_GRAPHS
         }
+        self.accepts_in_graph = bool(info.graphs[C.TARGET_GRAPH].appended.get("accept"))
         # The draft tree graph engines (`build` makes one per top_k of the default trees): a round's draft in one call.
-        self.tree_depths = {}
+        self.tree_depths, self.tree_selects = {}, {}
         for name, e in info.graphs.items():
             call = C.parse_tree_call(name)
-            base = manifest.graphs.get(C.tree_graph(call[0])) if call is not None else None
-            if base is None:
+            if call is None or C.tree_graph(call[0]) not in manifest.graphs:
                 continue
-            self.graphs[name] = _TrtGraph(self, name, directory / e.file, C.tree_call_spec(base.spec, *call),
+            self.graphs[name] = _TrtGraph(self, name, directory / e.file, engine_spec(manifest, name, e.appended),
                                           profiles_of(manifest, name))
             self.tree_depths[call[0]] = call[1]
+            if "select" in e.appended:
+                self.tree_selects[call[0]] = int(e.appended["select"])
         self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_depths else None
         # One block of context (activation) memory for every context of both engines: they run one at a time.
         size = max(g.memory_needed for g in self.graphs.values())

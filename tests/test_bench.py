@@ -129,7 +129,7 @@ class _FakeBackend:
     """A Backend (runtime/backend.py) that records calls; ``exec_s``: what it reports as last_exec_s."""
 
     name, device, host_memory, max_prefill, target_graph, tree_graph = "fake", "cpu", True, None, "target_verify", None
-    tree_depths, fixed_tree_depth = {}, False
+    tree_depths, fixed_tree_depth, accepts_in_graph, tree_selects = {}, False, False, {}
     open_s = 0.0
 
     def __init__(self, exec_s):

@@ -56,6 +56,9 @@ def test_build_both_graphs(engines, rtx, dtype, precision):
     call = C.tree_call(m.tree_defaults.top_k, m.tree_defaults.depth)
     assert tree_engine_calls(m) == [(4, 3)]
     assert set(e.graphs) == {C.TARGET_GRAPH, C.DRAFT_GRAPH, call}
+    # engines/round_ops.py's operators appended: the verify engine's acceptance, the tree engine's 12-node selection
+    assert {n: g.appended for n, g in e.graphs.items()} == {C.TARGET_GRAPH: {"accept": True}, C.DRAFT_GRAPH: {},
+                                                             call: {"select": 12}}
     for name, g in e.graphs.items():
         path = art / g.file
         assert path.is_file() and path.stat().st_size == g.size_bytes > 100_000

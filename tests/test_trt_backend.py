@@ -191,6 +191,8 @@ class PlanningBackend:
     tree_graph = None  # no tree graph engine here
     tree_depths: dict = {}
     fixed_tree_depth = True
+    accepts_in_graph = False  # the ONNX Runtime graphs: no appended operators
+    tree_selects: dict = {}
     device = "cpu"
     host_memory = True
     max_prefill = None

@@ -59,7 +59,7 @@ def call_io(be, seed: int, new: int = 5, past: int = 3):
             inputs[t.name] = buf
     axes = {C.BATCH: 1, C.NEW_TOKENS: new, C.LOGIT_ROWS: 1}
     outputs = {t.name: be.zeros(tuple(axes[d] if isinstance(d, str) else d for d in t.shape), torch_dtype(t.dtype))
-               for t in m.graphs[C.TARGET_GRAPH].spec.outputs}
+               for t in be.graphs[C.TARGET_GRAPH].spec.outputs}  # the engine's: the graph's and the acceptance
     return inputs, outputs
 
 

@@ -163,7 +163,9 @@ def run_backend(backend, m, graph: str, x: dict[str, np.ndarray]) -> dict[str, n
     from eagle_export.dtypes import torch_dtype
 
     dt = torch_dtype(m.dtype)
-    spec = m.graphs[graph].spec
+    # A TensorRT engine's IO is the graph's and what `build` appended (the timing proxy wraps the backend)
+    engine = getattr(getattr(backend, "_inner", backend), "graphs", {}).get(graph)
+    spec = getattr(engine, "spec", None) or m.graphs[graph].spec
     inputs: dict = {}
     for t in spec.inputs:
         a = x[t.name]
@@ -177,8 +179,9 @@ def run_backend(backend, m, graph: str, x: dict[str, np.ndarray]) -> dict[str, n
     axes = {C.BATCH: 1, C.NEW_TOKENS: x[C.POSITION_IDS].shape[1]}
     if C.LOGIT_INDICES in x:
         axes[C.LOGIT_ROWS] = x[C.LOGIT_INDICES].shape[1]
+    fixed = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}  # else the artifact's dtype
     outputs = {t.name: backend.zeros(tuple(axes[d] if isinstance(d, str) else d for d in t.shape),
-                                     {"float32": torch.float32, "int64": torch.int64}.get(t.dtype, dt))
+                                     fixed.get(t.dtype, dt))
                for t in spec.outputs}
     backend.run(graph, inputs, outputs)
     return {n: backend.to_host(t.float() if t.dtype == torch.bfloat16 else t).astype(np.float32)

@@ -29,9 +29,8 @@ COUNTED = ("set_input_shape", "set_tensor_address", "get_tensor_shape")
 @click.option("--new-tokens", type=int, default=60, show_default=True)
 @click.option("--reset-each-call", is_flag=True, help="Clear the plan cache and context memos before each call.")
 def main(artifact: Path, new_tokens: int, reset_each_call: bool) -> None:
-    from eagle_export.tools.testing import trt_emulator as E
-
     from eagle_export import contract as C
+    from eagle_export.tools.testing import trt_emulator as E
 
     rt = E.emulated_runtime(artifact)
     be = rt.backend

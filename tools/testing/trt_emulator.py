@@ -48,6 +48,7 @@ from onnx import TensorProto, numpy_helper
 from eagle_export import contract as C
 from eagle_export.contract import GraphSpec
 from eagle_export.dtypes import DTYPES
+from eagle_export.engines.builder import engine_source, engine_spec
 from eagle_export.engines.libs import TrtLib
 from eagle_export.engines.profiles import Profile
 from eagle_export.manifest import Manifest, load_manifest
@@ -473,10 +474,7 @@ class EmulatedEngine:
         self.emulator = emulator
         self.graph = graph
         self.logger = logger
-        call = C.parse_tree_call(graph)
-        graphs = emulator.manifest.graphs
-        self.spec: GraphSpec = (graphs[graph].spec if call is None
-                                else C.tree_call_spec(graphs[C.tree_graph(call[0])].spec, *call))
+        self.spec: GraphSpec = engine_spec(emulator.manifest, graph, emulator.manifest.engines.graphs[graph].appended)
         self.profiles: list[Profile] = profiles_of(emulator.manifest, graph)
         self._names = [t.name for t in (*self.spec.inputs, *self.spec.outputs)]
         self._inputs = set(self.spec.input_names)
@@ -781,17 +779,10 @@ class TrtEmulator:
         self._sessions: dict[str, ort.InferenceSession] = {}
 
     def source(self, graph: str, load_external_data: bool = False) -> onnx.ModelProto:
-        """The ONNX graph the engine of ``graph`` was built from: the artifact's graph of that name, or for a draft tree
-        graph call (``C.tree_call``) its top_k's tree graph cut to the call's depth, as `build` cut it."""
-        call = C.parse_tree_call(graph)
-        name = C.tree_graph(call[0]) if call is not None else graph
-        entry = self.manifest.graphs[name]
-        model = onnx.load(str(self.directory / entry.file), load_external_data=load_external_data)
-        if call is not None:
-            from eagle_export.runtime.tree_graph import cut
-
-            cut(model, *call, entry.axes[C.TREE_DEPTH][1])
-        return model
+        """The ONNX graph the engine of ``graph`` was built from, as `build` made it (``builder.engine_source``: a tree
+        call's graph cut to its depth, the operators the build appended)."""
+        return engine_source(self.directory, self.manifest, graph, self.manifest.engines.graphs[graph].appended,
+                             load_external_data)
 
     def onnx_dtypes(self, graph: str) -> dict[str, str]:
         """The source graph's I/O dtypes (the contract's names), read from the ONNX file the engine was built from."""
@@ -810,7 +801,8 @@ class TrtEmulator:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = self.threads
             opts.log_severity_level = 3
-            if self.manifest.dtype == "bfloat16" or C.parse_tree_call(graph) is not None:
+            if self.manifest.dtype == "bfloat16" or self.manifest.engines.graphs[graph].appended or \
+                    C.parse_tree_call(graph) is not None:
                 model = self.source(graph, load_external_data=True)
                 if self.manifest.dtype == "bfloat16":
                     model = _fp32_copy(model)
