@@ -77,6 +77,8 @@ class Slot:
     error: BaseException | None = None
     t_join: float = 0.0
     ready: bool = False  # the grower holds this round's candidates already (the draft tree graph grew them)
+    # the tree engine's selection of this round's verify tree is on the device, not in the grower (``_device_round``)
+    dev: bool = False
     lag: list[int] = field(default_factory=list)  # tokens of rounds without a draft, not yet in the draft cache
     guard: Guard | None = None  # the speculation guard of a drafting request (None: off)
     guarded: bool = False  # this round's mode came from the guard (the request could draft this round)
@@ -128,6 +130,12 @@ class Generator(GraphCalls):
         """Slot b's next tree from the tree graph's output row ``row`` (default b; s has ``committed`` rows once this
         round's are in), and its context row (top-k and hidden) as a step-graph context pass would have left it."""
         r = b if row is None else row
+        s.ready = True
+        self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
+        s.dev = self._device_round(s)
+        if s.dev:  # the tree engine selected the verify tree on the device: nothing read (its hidden stays there)
+            self.ctx_hidden[b].copy_(self._x["hidden"][r])
+            return
         c = slice(r * self._x_n, (r + 1) * self._x_n)  # row r of the last call's [a, n] candidates
         xn = self.tree_output()
         s.grower.load(xn["scores"][c], xn["tokens"][c], xn["parents"][c])
@@ -136,8 +144,15 @@ class Generator(GraphCalls):
             self._np_ctx_hidden[b] = xn["hidden"][r]
         else:
             self.ctx_hidden[b].copy_(self._x["hidden"][r])
-        s.ready = True
-        self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
+
+    def _device_round(self, s: Slot) -> bool:
+        """Does s's next round run on the device (one host read, the accepted path): a runtime of one sequence whose
+        verify engine accepts and whose tree engine for s's top_k, at s's depth, selects at least s's verify tree; a
+        greedy request without a threshold, a trace or log-probs (those take the host's selection and acceptance)."""
+        t, req = s.tree, s.req
+        return (self.B == 1 and self.in_graph_accept and t is not None
+                and self.selects.get(t.top_k, 0) >= t.total_tokens and self.tree_depths.get(t.top_k) == t.depth
+                and not t.threshold and req.sampling is None and req.on_round is None and req.logprobs is None)
 
     def _note_draft_positions(self, s: Slot, last: int, calls: int = 1) -> None:
         """``calls`` more draft calls for s, whose last position was ``last``: past the head's trained range?"""
@@ -235,7 +250,7 @@ class Generator(GraphCalls):
         if s.grower is not None:
             self._growers[s.tree].append(s.grower)
             s.grower = None
-            s.ready = False
+            s.ready = s.dev = False
 
     def _take_grower(self, tree: TreeParams) -> TreeGrower:
         free = self._growers.setdefault(tree, [])
@@ -360,7 +375,8 @@ class Generator(GraphCalls):
             self._grow_tree(slots, drafting)
         for s in slots:
             if s.grower is not None:
-                s.vt = s.grower.select(s.tree.total_tokens, s.root, s.tree.threshold)
+                # a device round's verify tree is the tree engine's selection: no tree on the host
+                s.vt = None if s.dev else s.grower.select(s.tree.total_tokens, s.root, s.tree.threshold)
                 s.ready = False
         spec = [s.grower is not None for s in slots]
         tt = self._verify(slots)
@@ -447,7 +463,7 @@ class Generator(GraphCalls):
             st = s.stats
             st.spec_flags.append(spec[b])
             if spec[b]:
-                n = s.vt.num_nodes
+                n = s.vt.num_nodes if s.vt is not None else s.tree.total_tokens + 1
                 st.spec_rounds += 1
                 st.drafted_tokens += n - 1
                 st.verified_tokens += n
@@ -523,6 +539,8 @@ class Generator(GraphCalls):
         """Every slot's tree (without a draft: its root alone) through the target in one call; returns the
         call's rows per slot (the widest tree)."""
         a = len(slots)
+        if a == 1 and slots[0].dev:
+            return self._verify_on_device(slots[0])
         sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
         tt = max(sizes)
         if self.tkv.per_sequence_trees and a > 1 and tt > 1:
@@ -563,6 +581,29 @@ class Generator(GraphCalls):
             s.stats.rounds += 1
         return tt
 
+    def _verify_on_device(self, s: Slot) -> int:
+        """The verify of a device round: its inputs made on the device from the tree engine's selection (the root,
+        then the selected nodes by score: their tokens, positions L + depth, and a mask of the committed rows, the
+        root and each node's ancestors), then the verify engine, which also accepts. Nothing is read."""
+        T, L = s.tree.total_tokens + 1, s.L
+        S = self.selects[s.k]
+        x = self._x
+        ids, pos = self._dev_ids[:T], self._dev_pos[:T]
+        ids[:1].fill_(s.root)
+        ids[1:].copy_(x["sel_tokens"][:T - 1])
+        pos[:1].fill_(L)
+        pos[1:].copy_(x["sel_depths"][:T - 1]).add_(L)
+        mask = self._dev_mask[:T * (L + T)].view(1, T, L + T)
+        mask[0, :, :L + 1].fill_(True)  # every row sees the committed rows and the root
+        mask[0, 0, L + 1:].fill_(False)
+        mask[0, 1:, L + 1:].copy_(x["sel_mask"][:S * S].view(S, S)[:T - 1, :T - 1])
+        self._lidx.array[:T] = self._arange[:T]
+        self.padding.add(L, L)
+        self.tkv.wrote(0, L)
+        self._run_target(1, T, T, L, device_inputs=True)
+        s.stats.rounds += 1
+        return T
+
     def _verify_each(self, slots: list[Slot], sizes: list[int], tt: int) -> int:
         """Several sequences with trees on a cache that takes them one per call (``per_sequence_trees``: the fused
         graph, whose GroupQueryAttention writes more than one row over a past for one sequence per call only): each
@@ -600,6 +641,18 @@ class Generator(GraphCalls):
             self._plain_step(s, b, r0)
             return
         vt = s.vt
+        if vt is None:  # a device round: the verify engine accepted (one read: the count, the path, its argmaxes)
+            got = self.acceptance()
+            n, T = int(got["count"][0]), s.tree.total_tokens + 1
+            rows = got["rows"][:n + 1].copy()
+            if not 0 <= n < T or rows.min() < 0 or rows.max() >= T:
+                raise ValueError(f"the verify engine's acceptance read back as {n} accepted tokens on rows "
+                                 f"{rows.tolist()} of a {T}-node tree (a read before the engine wrote it?)")
+            nxt = got["next_ids"]
+            s.acc = acc = Accepted(indices=rows, tokens=nxt[rows[:-1]], bonus=int(nxt[rows[-1]]))
+            s.stats.accept_lengths.append(n)
+            self._commit_accepted(s, b, r0, acc)
+            return
         T = vt.num_nodes
         if s.req.sampling is None:
             acc = accept_greedy(vt, self._np["logits"][r0:r0 + T].argmax(-1) if self._np is not None
@@ -611,6 +664,10 @@ class Generator(GraphCalls):
         s.stats.accept_lengths.append(int(acc.num_accepted))
         if s.req.on_round is not None and s.grower is not None:
             s.req.on_round(vt, acc)
+        self._commit_accepted(s, b, r0, acc)
+
+    def _commit_accepted(self, s: Slot, b: int, r0: int, acc: Accepted) -> None:
+        """The accepted path's K/V rows into the target cache; its tokens through the stop rule to the sink."""
         self.tkv.commit(b, s.L, acc.indices, r0, b == len(self.active) - 1)
         s.tokens = [int(x) for x in acc.tokens] + [int(acc.bonus)]
         new, s.reason = s.stop.emit(s.tokens)

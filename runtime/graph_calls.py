@@ -156,6 +156,10 @@ class GraphCalls:
             rows = B * verify_rows
             self._accblock, self._acc, self._acc_parts = packed_block(
                 zeros, {"next_ids": (np.int64, rows), "rows": (np.int64, rows), "count": (np.int64, B)})
+            if self.selects and B == 1:  # a device round's verify inputs, made from the tree engine's selection
+                self._dev_ids = zeros((verify_rows,), torch.int64)
+                self._dev_pos = zeros((verify_rows,), torch.int64)
+                self._dev_mask = zeros((verify_rows * (t_slot + verify_rows),), torch.bool)
 
     def acceptance(self) -> dict[str, np.ndarray]:
         """The last target call's acceptance block on the host (one read): ``next_ids`` and ``rows`` [a * r] flat as
@@ -205,16 +209,18 @@ class GraphCalls:
         rb = self._rows[name]
         return rb.block(0, slots, count)[0]
 
-    def _target_io(self, a: int, n: int, r: int, slot: int = 0,
-                   row0: int = 0) -> tuple[MappingProxyType, MappingProxyType]:
+    def _target_io(self, a: int, n: int, r: int, slot: int = 0, row0: int = 0,
+                   device_inputs: bool = False) -> tuple[MappingProxyType, MappingProxyType]:
         """The target call's fixed bindings, read-only (``SplitInputs``' fixed part, and the outputs). Fused: the
         caches of slots [slot, slot + a) are inputs and outputs alike (written in place); standard: the new rows land
-        in the scratch. Logits and features from output row ``row0`` on."""
-        key = ("t", a, n, r, self.tkv.memo_slot(slot), row0)
+        in the scratch. Logits and features from output row ``row0`` on. device_inputs: ids and positions from the
+        device buffers a device round fills (``Generator._verify_on_device``)."""
+        key = ("t", a, n, r, self.tkv.memo_slot(slot), row0, device_inputs)
         io = self._io_memo.get(key)
         if io is None:
-            ins = {C.INPUT_IDS: self._host(self._ids, a, n), C.POSITION_IDS: self._host(self._pos, a, n),
-                   C.LOGIT_INDICES: self._host(self._lidx, a, r)}
+            ids, pos = ((self._dev_ids[:a * n].view(a, n), self._dev_pos[:a * n].view(a, n)) if device_inputs
+                        else (self._host(self._ids, a, n), self._host(self._pos, a, n)))
+            ins = {C.INPUT_IDS: ids, C.POSITION_IDS: pos, C.LOGIT_INDICES: self._host(self._lidx, a, r)}
             outs = {C.LOGITS: self._rows["logits"].block(row0, a, r)[0],
                     C.FEATURES: self._rows["tfeats"].block(row0, a, n)[0]}
             if self.in_graph_accept:  # a backend whose target calls all return it (TensorRT, no per-sequence calls)
@@ -269,11 +275,15 @@ class GraphCalls:
             return cache.views(base, past)
         return cache.block_views(a, past)
 
-    def _run_target(self, a: int, n: int, r: int, past: int, slot: int = 0, row0: int = 0) -> None:
+    def _run_target(self, a: int, n: int, r: int, past: int, slot: int = 0, row0: int = 0,
+                    device_inputs: bool = False) -> None:
         """The target over ``a`` sequences from slot ``slot`` (``a`` > 1: from slot 0), ``n`` new rows each after
-        ``past`` bound rows; logits and features from output row ``row0`` on."""
-        fixed, outputs = self._target_io(a, n, r, slot, row0)
-        changing = {C.ATTENTION_MASK: self._host(self._mask, a, n, past + n)}
+        ``past`` bound rows; logits and features from output row ``row0`` on. device_inputs: ids, positions and the
+        mask from a device round's buffers."""
+        fixed, outputs = self._target_io(a, n, r, slot, row0, device_inputs)
+        mask = (self._dev_mask[:a * n * (past + n)].view(a, n, past + n) if device_inputs
+                else self._host(self._mask, a, n, past + n))
+        changing = {C.ATTENTION_MASK: mask}
         cache = self.tkv.past(a, past, slot)
         if cache:
             changing.update(cache)

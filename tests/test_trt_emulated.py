@@ -73,15 +73,17 @@ def test_a_round_drafts_in_one_tree_engine_call(engines):
     that tree is one verify and one tree engine call (the context pass that grows the next tree), no step graph
     call; a shallower tree of the same top_k runs the same engine and reads its first levels. The rounds accept
     exactly what ONNX Runtime's tree graph (cut to each tree's depth) accepts, tokens and accepted lengths alike.
-    Host reads (each waits for the device): the verify's argmax and one read of the tree engine's output block a
-    round. Planted bugs this fails on: candidates read at the round's depth from an engine grown deeper (a wrong row
-    stride: other trees, other accepted lengths), the tree engine not used (step graph calls), a wrong cut, a read
-    per tree output (6 a round)."""
+    Host reads (each waits for the device): the default tree's round selects and accepts in the engines and reads
+    once, its accepted path; the shallower tree's selects on the host from one read of the tree engine's outputs
+    and reads the verify's argmax. Planted bugs this fails on: candidates read at the round's depth from an engine
+    grown deeper (a wrong row stride), the tree engine not used (step graph calls), a wrong cut, a wrong selection
+    or acceptance in the engines (other accepted lengths), a read per tree output."""
     art = engines("fp32")
     trt_rt, ort_rt = emulated_runtime(art, guard=False), EagleRuntime.open(art, threads=1, guard=False)
     emu = trt_rt.backend.emulator
     call = C.tree_call(4, 3)
-    assert trt_rt.backend.tree_depths == {4: 3}
+    assert trt_rt.backend.tree_depths == {4: 3} and trt_rt.backend.tree_selects == {4: 12}
+    assert trt_rt.backend.accepts_in_graph
     shallow = TreeParams(top_k=4, depth=2, total_tokens=8)
     reads = {}
     for tree in (TREE, shallow, CHAIN):
@@ -92,20 +94,42 @@ def test_a_round_drafts_in_one_tree_engine_call(engines):
             b = ort_rt.generate(prompt_ids=prompt, max_new_tokens=20, tree=tree, stop_on_eos=False)
             assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths, tree
             ran = [g for g, _, _ in emu.executions]
-            rounds = a.stats.rounds
-            reads[tree] = (emu.mem.host_reads - before) / rounds
+            rounds, got = a.stats.rounds, emu.mem.host_reads - before
+            reads[tree] = got / rounds
             # The prefill's one chunk, then each round's verify; the context pass after every round but the last
             if tree.top_k == 4:  # one tree engine call (it grows the next tree), never the step graph
                 assert ran.count(C.TARGET_GRAPH) == rounds + 1 and ran.count(call) == rounds
                 assert C.DRAFT_GRAPH not in ran
-                # Host reads: the prefill's first token and its tree, then each round's argmax of its verify and
-                # (but the last) the next tree's candidates in one read of the tree engine's output block.
-                assert emu.mem.host_reads - before == 2 + rounds + (rounds - 1)
             else:  # no tree engine for top_k 1: a context pass, then one call per level
                 assert call not in ran and ran.count(C.DRAFT_GRAPH) == rounds + 3 * rounds
-    # Each read waits for the device: a tree engine round reads its candidates once, a step graph round every level.
-    print(f"\nhost reads a round: tree engine {reads[TREE]:.1f} (4/3/12), {reads[shallow]:.1f} (4/2/8); step graph "
-          f"{reads[CHAIN]:.1f} (1/3/3)")
+            if tree == TREE:  # the prefill's first token, then one read a round: the accepted path
+                assert got == 1 + rounds
+            elif tree == shallow:  # + the prefill's tree, then the argmax and (but the last) the candidates
+                assert got == 2 + rounds + (rounds - 1)
+    print(f"\nhost reads a round: engines select and accept {reads[TREE]:.2f} (4/3/12); host selects from the tree "
+          f"engine {reads[shallow]:.2f} (4/2/8); step graph {reads[CHAIN]:.2f} (1/3/3)")
+
+
+def test_a_planted_host_read_inside_a_device_round_fails_the_read_count(engines, monkeypatch):
+    """The check above counts every host read of a round: one more inside the device round's verify (the
+    candidates read, as the host path does) breaks it."""
+    from eagle_export.runtime.generator import Generator
+
+    rt = emulated_runtime(engines("fp32"), guard=False)
+    mem = rt.backend.emulator.mem
+
+    def count() -> tuple[int, int]:
+        before = mem.host_reads
+        out = rt.generate(prompt_ids=[5, 6, 7, 8], max_new_tokens=12, tree=TREE, stop_on_eos=False)
+        return mem.host_reads - before, out.stats.rounds
+
+    reads, rounds = count()
+    assert reads == 1 + rounds
+    real = Generator._verify_on_device
+    monkeypatch.setattr(Generator, "_verify_on_device",
+                        lambda self, s: (self.backend.to_host(self._x["scores"][:1]), real(self, s))[1])
+    reads, rounds = count()
+    assert reads == 1 + 2 * rounds  # the planted read shows in the count
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -213,18 +237,19 @@ def test_an_unaligned_output_goes_through_scratch_and_a_planted_alignment_bug_br
         call(64)
 
 
-@pytest.mark.parametrize("tree, graph", [(TREE, C.tree_call(4, 3)), (CHAIN, C.DRAFT_GRAPH)])
-def test_reading_outputs_before_the_stream_syncs_reads_poison(engines, monkeypatch, tree, graph):
-    """Planted: the backend no longer orders the caller's stream after its own (caller.wait_stream dropped). The
-    host read of the draft's output comes before the queued call has run: it reads poison (NaN), as a GPU would read
-    whatever the memory held, and the emulator names the call whose writes it missed: the tree engine's candidates
-    (the default tree) or the step graph's top-k (a chain, which has no tree engine)."""
+@pytest.mark.parametrize("tree, graph, error", [(TREE, f"{C.TARGET_GRAPH} (profile 1)", "acceptance read back as -1"),
+                                                (CHAIN, f"{C.DRAFT_GRAPH} (profile 0)", "NaN")])
+def test_reading_outputs_before_the_stream_syncs_reads_poison(engines, monkeypatch, tree, graph, error):
+    """Planted: the backend no longer orders the caller's stream after its own (caller.wait_stream dropped). A host
+    read comes before the queued call has run: it reads poison (-1, NaN), as a GPU would read whatever the memory
+    held, and the emulator names the call whose writes it missed: the verify engine's acceptance (the default tree,
+    selected and accepted in the engines) or the step graph's top-k (a chain, which has no tree engine)."""
     rt = emulated_runtime(engines("fp32"))
     mem = rt.backend.mem
     monkeypatch.setattr(type(mem.default), "wait_stream", lambda self, other: None)
-    with pytest.raises(ValueError, match="NaN"):  # the draft's (cumulative) log-probs read back as NaN
+    with pytest.raises(ValueError, match=error):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=4, tree=tree, stop_on_eos=False)
-    assert any(r.startswith("a host read of") and f"before {graph} (profile 0) wrote them" in r
+    assert any(r.startswith("a host read of") and f"before {graph} wrote them" in r
                for r in mem.poisoned_reads), mem.poisoned_reads[:3]
 
 
@@ -360,7 +385,7 @@ def test_a_context_that_misses_what_another_was_given_breaks_a_rule(engines):
         g.addresses = [addresses] * len(g.addresses)
     # The first verify (profile 1) gets the shapes that differ from the prefill's, but no address.
     with pytest.raises(RuleViolation, match=r"TensorRT rule broken \(address-set: .*\): target_verify: no address "
-                                            r"for \['input_ids', 'position_ids'"):
+                                            r"for \[.*'logit_indices', 'past_key.0'"):
         rt.generate(prompt_ids=[3, 4, 5], max_new_tokens=8, tree=TREE, stop_on_eos=False)
 
 
