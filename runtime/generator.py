@@ -46,7 +46,7 @@ from eagle_export.tree_params import TreeParams
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
 from .embedding import TokenEmbedding
-from .graph_calls import GraphCalls
+from .graph_calls import GraphCalls, read_block
 from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
 from .logprobs import token_logprobs
 from .results import GenerationResult, GenerationStats
@@ -133,8 +133,15 @@ class Generator(GraphCalls):
         s.ready = True
         self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
         s.dev = self._device_round(s)
-        if s.dev:  # the tree engine selected the verify tree on the device: nothing read (its hidden stays there)
-            self.ctx_hidden[b].copy_(self._x["hidden"][r])
+        if s.dev:  # the tree engine selected the verify tree on the device: kept there for the slot, nothing read
+            S, K, x = self.selects[s.k], self.ctx_vals.shape[1], self._x
+            sel = self._slot_sel
+            sel["tokens"][b].copy_(x["sel_tokens"][r * S:(r + 1) * S])
+            sel["depths"][b].copy_(x["sel_depths"][r * S:(r + 1) * S])
+            sel["mask"][b].copy_(x["sel_mask"][r * S * S:(r + 1) * S * S].view(S, S))
+            self._slot_ctx["vals"][b * K:(b + 1) * K].copy_(x["vals"][r])
+            self._slot_ctx["ids"][b * K:(b + 1) * K].copy_(x["ids"][r])
+            self.ctx_hidden[b].copy_(x["hidden"][r])
             return
         c = slice(r * self._x_n, (r + 1) * self._x_n)  # row r of the last call's [a, n] candidates
         xn = self.tree_output()
@@ -146,13 +153,33 @@ class Generator(GraphCalls):
             self.ctx_hidden[b].copy_(self._x["hidden"][r])
 
     def _device_round(self, s: Slot) -> bool:
-        """Does s's next round run on the device (one host read, the accepted path): a runtime of one sequence whose
-        verify engine accepts and whose tree engine for s's top_k, at s's depth, selects at least s's verify tree; a
-        greedy request without a threshold, a trace or log-probs (those take the host's selection and acceptance)."""
-        t, req = s.tree, s.req
-        return (self.B == 1 and self.in_graph_accept and t is not None
+        """Is s's next verify tree selected on the device (a round then reads once, the accepted paths): a backend
+        whose verify engine accepts and whose tree engine for s's top_k, at s's depth, selects at least s's verify
+        tree; a greedy request without a threshold, a trace or log-probs (those select and accept on the host)."""
+        t = s.tree
+        return (self.in_graph_accept and t is not None
                 and self.selects.get(t.top_k, 0) >= t.total_tokens and self.tree_depths.get(t.top_k) == t.depth
-                and not t.threshold and req.sampling is None and req.on_round is None and req.logprobs is None)
+                and not t.threshold and self._greedy_plain(s))
+
+    def _greedy_plain(self, s: Slot) -> bool:
+        """A request whose tokens the verify engine's acceptance gives (greedy, no trace, no log-probs)."""
+        return s.req.sampling is None and s.req.on_round is None and s.req.logprobs is None
+
+    def _on_device(self, slots: list[Slot]) -> bool:
+        """Does this round run on the device: a slot with a tree selected there, and every slot either so or without
+        a draft this round, greedy. Otherwise a slot whose tree was selected on the device drafts again on the host,
+        level by level from its context row (read now): a rare round (a sampled request joined, a trace)."""
+        if not any(s.dev for s in slots):
+            return False
+        if all(s.dev or (s.grower is None and self._greedy_plain(s)) for s in slots):
+            return True
+        K = self.ctx_vals.shape[1]
+        ctx = read_block(self.backend, self._slot_ctx_block, self._slot_ctx_parts)
+        for b, s in enumerate(slots):
+            if s.dev:
+                self.ctx_vals[b], self.ctx_ids[b] = ctx["vals"][b * K:(b + 1) * K], ctx["ids"][b * K:(b + 1) * K]
+                s.dev = s.ready = False
+        return False
 
     def _note_draft_positions(self, s: Slot, last: int, calls: int = 1) -> None:
         """``calls`` more draft calls for s, whose last position was ``last``: past the head's trained range?"""
@@ -309,6 +336,12 @@ class Generator(GraphCalls):
         """The token after logits row r: its argmax (greedy; on the device when the buffers live there) or a draw
         from its processed distribution with s's random source."""
         if s.req.sampling is None:
+            if self.in_graph_accept:  # the verify engine's argmax of the row (its block, read once per call)
+                tok = int(self.acceptance()["next_ids"][r])
+                if not 0 <= tok < self.vocab:
+                    raise ValueError(f"the verify engine's argmax read back as {tok}, outside the vocabulary (a read "
+                                     "before the engine wrote it?)")
+                return tok
             if self._np is not None:
                 return int(self._np["logits"][r].argmax())
             return int(self.backend.to_host(self._t["logits"][r].argmax()))
@@ -370,6 +403,7 @@ class Generator(GraphCalls):
         self._fit(slots)
         if any(s.lag and s.grower is not None for s in slots):  # drafting again: the draft cache catches up first
             self._draft_lag(slots, lambda s: s.grower is not None, grow=True)
+        device = self.in_graph_accept and self._on_device(slots)
         drafting = [s for s in slots if s.grower is not None and not s.ready]
         if drafting:
             self._grow_tree(slots, drafting)
@@ -379,7 +413,7 @@ class Generator(GraphCalls):
                 s.vt = None if s.dev else s.grower.select(s.tree.total_tokens, s.root, s.tree.threshold)
                 s.ready = False
         spec = [s.grower is not None for s in slots]
-        tt = self._verify(slots)
+        tt = self._verify_on_device(slots) if device else self._verify(slots)
         for b, s in enumerate(slots):
             try:
                 self._accept_and_commit(s, b, tt)
@@ -539,8 +573,6 @@ class Generator(GraphCalls):
         """Every slot's tree (without a draft: its root alone) through the target in one call; returns the
         call's rows per slot (the widest tree)."""
         a = len(slots)
-        if a == 1 and slots[0].dev:
-            return self._verify_on_device(slots[0])
         sizes = [s.vt.num_nodes if s.grower is not None else 1 for s in slots]
         tt = max(sizes)
         if self.tkv.per_sequence_trees and a > 1 and tt > 1:
@@ -581,28 +613,43 @@ class Generator(GraphCalls):
             s.stats.rounds += 1
         return tt
 
-    def _verify_on_device(self, s: Slot) -> int:
-        """The verify of a device round: its inputs made on the device from the tree engine's selection (the root,
-        then the selected nodes by score: their tokens, positions L + depth, and a mask of the committed rows, the
-        root and each node's ancestors), then the verify engine, which also accepts. Nothing is read."""
-        T, L = s.tree.total_tokens + 1, s.L
-        S = self.selects[s.k]
-        x = self._x
-        ids, pos = self._dev_ids[:T], self._dev_pos[:T]
-        ids[:1].fill_(s.root)
-        ids[1:].copy_(x["sel_tokens"][:T - 1])
-        pos[:1].fill_(L)
-        pos[1:].copy_(x["sel_depths"][:T - 1]).add_(L)
-        mask = self._dev_mask[:T * (L + T)].view(1, T, L + T)
-        mask[0, :, :L + 1].fill_(True)  # every row sees the committed rows and the root
-        mask[0, 0, L + 1:].fill_(False)
-        mask[0, 1:, L + 1:].copy_(x["sel_mask"][:S * S].view(S, S)[:T - 1, :T - 1])
-        self._lidx.array[:T] = self._arange[:T]
-        self.padding.add(L, L)
-        self.tkv.wrote(0, L)
-        self._run_target(1, T, T, L, device_inputs=True)
-        s.stats.rounds += 1
-        return T
+    def _verify_on_device(self, slots: list[Slot]) -> int:
+        """The verify of a device round (``_on_device``): its inputs made on the device from each slot's selection
+        (the root, then the selected nodes by score: their tokens, positions L + depth, and a mask of the committed
+        rows, the root and each node's ancestors; a slot without a draft, its root alone; padding rows see only
+        themselves), as ``_verify`` lays them out, then the verify engine, which also accepts. Nothing is read."""
+        a = len(slots)
+        sizes = [s.tree.total_tokens + 1 if s.dev else 1 for s in slots]
+        tt = max(sizes)
+        past = slots[0].L if a == 1 else self.tkv.batch_past([s.L for s in slots])
+        sel = self._slot_sel
+        ids = self._dev_ids[:a * tt].view(a, tt)
+        pos = self._dev_pos[:a * tt].view(a, tt)
+        mask = self._dev_mask[:a * tt * (past + tt)].view(a, tt, past + tt)
+        if a > 1 or tt > sizes[0]:
+            ids.zero_()
+            mask.fill_(False)
+        for b, s in enumerate(slots):
+            L, T = s.L, sizes[b]
+            ids[b, :1].fill_(s.root)
+            pos[b].fill_(L)
+            mask[b, :T, :L].fill_(True)  # the committed rows and the root
+            mask[b, :T, past].fill_(True)
+            if T > 1:
+                ids[b, 1:T].copy_(sel["tokens"][b, :T - 1])
+                pos[b, 1:T].add_(sel["depths"][b, :T - 1])
+                mask[b, 0, past + 1:].fill_(False)
+                mask[b, 1:T, past + 1:past + T].copy_(sel["mask"][b, :T - 1, :T - 1])
+            for i in range(T, tt):  # padding rows: see only themselves
+                mask[b, i, past + i] = True
+        self._lidx.array[:a * tt].reshape(a, tt)[:] = self._arange[:tt]
+        self.padding.add(a * past, sum(s.L for s in slots))
+        for b in range(a):
+            self.tkv.wrote(b, past)
+        self._run_target(a, tt, tt, past, device_inputs=True)
+        for s in slots:
+            s.stats.rounds += 1
+        return tt
 
     def _verify_each(self, slots: list[Slot], sizes: list[int], tt: int) -> int:
         """Several sequences with trees on a cache that takes them one per call (``per_sequence_trees``: the fused
@@ -643,20 +690,25 @@ class Generator(GraphCalls):
         vt = s.vt
         if vt is None:  # a device round: the verify engine accepted (one read: the count, the path, its argmaxes)
             got = self.acceptance()
-            n, T = int(got["count"][0]), s.tree.total_tokens + 1
-            rows = got["rows"][:n + 1].copy()
+            n, T = int(got["count"][b]), s.tree.total_tokens + 1
+            rows = got["rows"][r0:r0 + n + 1].copy()
             if not 0 <= n < T or rows.min() < 0 or rows.max() >= T:
                 raise ValueError(f"the verify engine's acceptance read back as {n} accepted tokens on rows "
                                  f"{rows.tolist()} of a {T}-node tree (a read before the engine wrote it?)")
-            nxt = got["next_ids"]
+            nxt = got["next_ids"][r0:r0 + tt]
             s.acc = acc = Accepted(indices=rows, tokens=nxt[rows[:-1]], bonus=int(nxt[rows[-1]]))
             s.stats.accept_lengths.append(n)
             self._commit_accepted(s, b, r0, acc)
             return
         T = vt.num_nodes
         if s.req.sampling is None:
-            acc = accept_greedy(vt, self._np["logits"][r0:r0 + T].argmax(-1) if self._np is not None
-                                else self.backend.to_host(self._t["logits"][r0:r0 + T].argmax(-1)))
+            if self.in_graph_accept:  # the verify engine's argmaxes (the block a target call is read in)
+                best = self.acceptance()["next_ids"][r0:r0 + T]
+            elif self._np is not None:
+                best = self._np["logits"][r0:r0 + T].argmax(-1)
+            else:
+                best = self.backend.to_host(self._t["logits"][r0:r0 + T].argmax(-1))
+            acc = accept_greedy(vt, best)
         else:
             acc = accept_sampling(vt, LazyProbs(lambda i: self._rows_np("logits", r0 + i, r0 + i + 1)[0], T,
                                                 s.req.sampling), s.req.rng)
@@ -780,6 +832,12 @@ class Generator(GraphCalls):
             self.dcache.move(last * self.dplan.stride, b * self.dplan.stride, t.L)
             self.ctx_vals[b], self.ctx_ids[b] = self.ctx_vals[last], self.ctx_ids[last]
             self.ctx_hidden[b].copy_(self.ctx_hidden[last])
+            if t.dev:  # its tree selected on the device, and its context row's top-k
+                K = self.ctx_vals.shape[1]
+                for v in self._slot_sel.values():
+                    v[b].copy_(v[last])
+                for v in self._slot_ctx.values():
+                    v[b * K:(b + 1) * K].copy_(v[last * K:(last + 1) * K])
             if t.lag:
                 P = self._lag_rows
                 self._gather("lagfeats", b * P, "lagfeats", self._arange[last * P:last * P + len(t.lag)])

@@ -156,15 +156,26 @@ class GraphCalls:
             rows = B * verify_rows
             self._accblock, self._acc, self._acc_parts = packed_block(
                 zeros, {"next_ids": (np.int64, rows), "rows": (np.int64, rows), "count": (np.int64, B)})
-            if self.selects and B == 1:  # a device round's verify inputs, made from the tree engine's selection
-                self._dev_ids = zeros((verify_rows,), torch.int64)
-                self._dev_pos = zeros((verify_rows,), torch.int64)
-                self._dev_mask = zeros((verify_rows * (t_slot + verify_rows),), torch.bool)
+            self._acc_host: dict | None = None  # the last target call's block on the host (read once per call)
+            if self.selects:  # a device round's verify inputs, made from the tree engines' selections
+                S = max(self.selects.values())
+                rows = B * verify_rows
+                self._dev_ids = zeros((rows,), torch.int64)
+                self._dev_pos = zeros((rows,), torch.int64)
+                self._dev_mask = zeros((rows * (t_slot + verify_rows),), torch.bool)
+                # Per slot, its next verify tree and its context row's top-k, copied out of the tree call's outputs
+                # (a later tree call, a joining request's prefill, rewrites those rows before the slot verifies).
+                self._slot_sel = {"tokens": zeros((B, S), torch.int64), "depths": zeros((B, S), torch.int64),
+                                  "mask": zeros((B, S, S), torch.bool)}
+                self._slot_ctx_block, self._slot_ctx, self._slot_ctx_parts = packed_block(
+                    zeros, {"vals": (np.float32, B * K), "ids": (np.int64, B * K)})
 
     def acceptance(self) -> dict[str, np.ndarray]:
-        """The last target call's acceptance block on the host (one read): ``next_ids`` and ``rows`` [a * r] flat as
-        bound, ``count`` [a]."""
-        return read_block(self.backend, self._accblock, self._acc_parts)
+        """The last target call's acceptance block on the host (one read per call, whoever asks): ``next_ids`` and
+        ``rows`` [a * r] flat as bound, ``count`` [a]."""
+        if self._acc_host is None:
+            self._acc_host = read_block(self.backend, self._accblock, self._acc_parts)
+        return self._acc_host
 
     # ---- host access ---------------------------------------------------------------------------
     def _rows_np(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -291,6 +302,8 @@ class GraphCalls:
         t0 = time.perf_counter()
         self.backend.run(self.tgraph, inputs, outputs)
         self._t_target += time.perf_counter() - t0
+        if self.in_graph_accept:
+            self._acc_host = None
 
     def _embed(self, rows: int) -> None:
         """``dembeds`` rows [0, rows) = the embedding rows of the tokens in ``_ids`` (host buffers: through numpy)."""

@@ -379,3 +379,101 @@ def test_batched_on_the_emulated_tensorrt_backend(models, tmp_path):
             assert got.tokens == single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw).tokens
     assert max(rt.scheduler.active_per_round) == B
     rt.close()
+
+
+def test_batched_device_rounds_read_once_and_a_sampled_request_among_them(models, tmp_path):
+    """The emulated TensorRT backend over engines that select and accept (engines/round_ops.py), --max-batch 4:
+    greedy requests with the default tree run every round on the device, the verify inputs of all sequences made
+    there, one host read a round (and one per prefill), tokens equal to the single ONNX Runtime runtime's. With
+    sampled requests among them, a round that holds one selects and accepts on the host (the greedy sequences'
+    trees drafted again from their context rows) and every request still equals its single run. (This random model
+    accepts no draft: what the rounds accept is checked on a drafting pair, below.)"""
+    import shutil
+
+    from conftest import ENGINE_MODEL
+
+    from eagle_export.engines.builder import BuildOptions, build_engines
+    from eagle_export.manifest import load_manifest
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    art = shutil.copytree(models(max_batch=B, **ENGINE_MODEL)[2], tmp_path / "art")
+    build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=16), progress=False)
+    be = emulated_backend(art)
+    rt = EagleRuntime(art, load_manifest(art), be, None, min(16, be.max_prefill), max_batch=B, guard=None)
+    single = EagleRuntime.open(art, threads=1, guard=False, fused=False)
+    tree = TreeParams(top_k=4, depth=3, total_tokens=12)
+    assert be.tree_selects == {4: 12} and be.accepts_in_graph
+    rng = np.random.default_rng(5)
+    reqs = [(rng.integers(3, 48, size=int(rng.integers(1, 30))).tolist(), int(rng.integers(4, 30))) for _ in range(7)]
+    mem = be.emulator.mem
+    before = mem.host_reads
+    results = run_batched(rt, reqs, tree=tree)
+    rounds = len(rt.scheduler.active_per_round)
+    assert mem.host_reads - before == len(reqs) + rounds  # each prefill's first token, then one read a round
+    assert max(rt.scheduler.active_per_round) == B
+    for (p, n), got in zip(reqs, results, strict=True):
+        assert got.tokens == single.generate(prompt_ids=p, max_new_tokens=n, tree=tree, stop_on_eos=False).tokens
+    # Mixed: every other request sampled (seeded), the rest greedy.
+    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=3)
+    kws = [dict(tree=tree, sampling=sp.with_seed(i)) if i % 2 else dict(tree=tree) for i in range(len(reqs))]
+    gen = rt.generator
+    on_device, fallbacks = gen._on_device, []
+
+    def watched(slots):  # which rounds went back to the host with a tree selected on the device
+        dev = [s.dev for s in slots]
+        got = on_device(slots)
+        fallbacks.append(any(dev) and not got)
+        return got
+
+    gen._on_device = watched
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, **kw)
+               for (p, n), kw in zip(reqs, kws, strict=True)]
+    for (p, n), kw, s in zip(reqs, kws, streams, strict=True):
+        assert s.wait(timeout=300).tokens == single.generate(prompt_ids=p, max_new_tokens=n, stop_on_eos=False,
+                                                             **kw).tokens
+    assert any(fallbacks)  # the host path took over device trees (and drafted them again), losslessly
+    rt.close()
+
+
+def test_device_rounds_accept_what_the_host_accepts_on_a_drafting_pair(tmp_path):
+    """The bigram pair (tests/bigram.py: every draft accepted, except after two 'wrong' tokens where none is), exported
+    with --max-batch 4, engines built with the operators that select and accept (engines/round_ops.py), emulated:
+    runtimes of one and of four sequences whose rounds run on the device accept, round by round, exactly what the
+    same engines accept when the host selects and accepts, and output the cycle. A random tiny model accepts nothing,
+    so only a drafting pair can tell a wrong device tree (another sequence's, a stale one, a wrong mask or padding) or
+    a wrong acceptance (path, bonus) from a right one: planted, each of those changes the accepted lengths."""
+    from bigram import make_bigram_pair
+
+    from eagle_export.engines.builder import BuildOptions, build_engines
+    from eagle_export.manifest import load_manifest
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    cycle = list(range(10, 27))
+    target, draft = make_bigram_pair(tmp_path / "pair", cycle, wrong=(14, 21))
+    art = export_artifact(target, draft, tmp_path / "art", ExportOptions(max_seq_len=128, max_batch=B), progress=False)
+    build_engines(art, BuildOptions(engine_lib="tensorrt-rtx", max_prefill=16), progress=False)
+    m = load_manifest(art)
+    tree = m.tree_defaults
+    rng = np.random.default_rng(2)
+    reqs = [([*rng.integers(40, 300, size=int(rng.integers(0, 9))).tolist(), int(rng.choice(cycle))],
+             int(rng.integers(10, 40))) for _ in range(7)]
+
+    def runtime(slots: int, device: bool) -> EagleRuntime:
+        be = emulated_backend(art)
+        rt = EagleRuntime(art, m, be, None, min(16, be.max_prefill), max_batch=slots, guard=None)
+        if not device:
+            rt.generator._device_round = lambda s: False  # every tree selected and accepted on the host
+        return rt
+
+    for slots in (1, B):
+        dev, host = runtime(slots, True), runtime(slots, False)
+        assert dev.backend.tree_selects == {tree.top_k: tree.total_tokens} and dev.backend.accepts_in_graph
+        got, want = run_batched(dev, reqs, tree=tree), run_batched(host, reqs, tree=tree)
+        for (p, n), a, b in zip(reqs, got, want, strict=True):
+            start = cycle.index(p[-1])
+            assert a.tokens == [cycle[(start + 1 + i) % len(cycle)] for i in range(n)]
+            assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths
+        lengths = [x for r in got for x in r.stats.accept_lengths]
+        assert max(lengths) == tree.depth + 1 and min(lengths) == 0  # full rounds, and rounds after a wrong token
+        dev.close()
+        host.close()
