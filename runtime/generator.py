@@ -132,7 +132,7 @@ class Generator(GraphCalls):
         r = b if row is None else row
         s.ready = True
         self._note_draft_positions(s, committed + s.depth - 1, calls=0)  # the call was counted with its context
-        s.dev = self._device_round(s)
+        s.dev = self.in_graph_accept and self._device_round(s)
         if s.dev:  # the tree engine selected the verify tree on the device: kept there for the slot, nothing read
             S, K, x = self.selects[s.k], self.ctx_vals.shape[1], self._x
             sel = self._slot_sel
@@ -144,7 +144,7 @@ class Generator(GraphCalls):
             self.ctx_hidden[b].copy_(x["hidden"][r])
             return
         c = slice(r * self._x_n, (r + 1) * self._x_n)  # row r of the last call's [a, n] candidates
-        xn = self.tree_output()
+        xn = self._xnp if self._xnp is not None else self.tree_output()  # host memory: views made once
         s.grower.load(xn["scores"][c], xn["tokens"][c], xn["parents"][c])
         self.ctx_vals[b], self.ctx_ids[b] = xn["vals"][r], xn["ids"][r]
         if self._np_ctx_hidden is not None:  # host memory: numpy views made once
