@@ -186,7 +186,12 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
 def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:
     """(top_k, depth) of the draft tree graph calls ``build`` makes engines of: per top_k among the artifact's
     default trees (``tree_defaults``, the per-batch table's rows) that has a tree graph, the deepest depth they use
-    (within the graph's levels). A tree set later (another ``tune``) drafts level by level until the next build."""
+    (within the graph's levels). A tree set later (another ``tune``) drafts level by level until the next build. None
+    for a quantized draft: its tree graphs hold ONNX Runtime's ``MatMulNBits`` (its step graph the standard
+    dequantizing operators TensorRT builds)."""
+    q = manifest.quantization
+    if q is not None and q.draft:
+        return []
     graphs = C.tree_graphs(manifest.graphs)
     trees = [manifest.tree_defaults]
     if manifest.batch_trees is not None:

@@ -295,6 +295,21 @@ def profiles_of(manifest: Manifest, graph: str) -> list[Profile]:
     return [Profile.from_dict(p) for p in manifest.engines.graphs[graph].profiles]
 
 
+def stale_tree_engines(manifest: Manifest, depths: dict[int, int], selects: dict[int, int]) -> str:
+    """The default trees (``tree_defaults``, the per-batch table) that the built tree engines do not serve as `build`
+    would now (``profiles.tree_engine_calls``: an engine of their top_k at their depth, selecting their verify tree),
+    in words; empty when they all are served or the artifact has no tree graphs to build."""
+    from eagle_export.engines.profiles import tree_engine_calls
+
+    trees = [manifest.tree_defaults]
+    if manifest.batch_trees is not None:
+        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    wanted = dict(tree_engine_calls(manifest))
+    missing = [t for t in trees if t.top_k in wanted and (depths.get(t.top_k) != wanted[t.top_k]
+                                                          or selects.get(t.top_k, 0) < t.total_tokens)]
+    return ", ".join(f"top_k {t.top_k}, depth {t.depth}, total_tokens {t.total_tokens}" for t in dict.fromkeys(missing))
+
+
 def check_engines(directory: Path, manifest: Manifest) -> None:
     """What can be checked without CUDA: engines were built, their files are there."""
     if manifest.engines is None:
@@ -496,6 +511,11 @@ class TrtBackend:
             if "select" in e.appended:
                 self.tree_selects[call[0]] = int(e.appended["select"])
         self.tree_graph = C.DRAFT_TREE_GRAPH if self.tree_depths else None
+        stale = stale_tree_engines(manifest, self.tree_depths, self.tree_selects)
+        if stale:
+            log.warning("%s: the engines were built for other default trees than the manifest's, or by an older build "
+                        "(%s): those trees draft level by level or select on the host; run `eagle-export build %s` "
+                        "again (after `tune`, always)", directory, stale, directory)
         # One block of context (activation) memory for every context of both engines: they run one at a time.
         size = max(g.memory_needed for g in self.graphs.values())
         self.context_memory = mem.zeros((max(size, 1),), torch.uint8)

@@ -577,3 +577,28 @@ def test_the_emulator_reports_each_rule_broken_on_purpose(ran, rule, i):
         BREAKS[rule][i](c)
     assert info.value.rule == rule, str(info.value)
     c.be.stream.synchronize()
+
+
+def test_engines_built_for_another_default_tree_say_so_at_open(engines, tmp_path, caplog):
+    """`tune` after `build` (here: the default tree set to another top_k) leaves engines without a tree engine for the
+    new default: opening says which trees and that `build` fixes it; the tree still drafts, level by level, losslessly.
+    The engines as built say nothing."""
+    import shutil
+
+    from eagle_export.manifest import load_manifest, set_tree_defaults
+    from eagle_export.tools.testing.trt_emulator import emulated_backend
+
+    art = shutil.copytree(engines("fp32"), tmp_path / "art")
+    with caplog.at_level("WARNING", logger="eagle_export"):
+        emulated_backend(art)
+    assert "built for other default trees" not in caplog.text
+    set_tree_defaults(art, TreeParams(top_k=2, depth=3, total_tokens=6))
+    with caplog.at_level("WARNING", logger="eagle_export"):
+        rt = emulated_runtime(art, guard=False)
+    assert ("the engines were built for other default trees than the manifest's, or by an older build (top_k 2, depth "
+            "3, total_tokens 6)" in caplog.text and f"run `eagle-export build {art}` again" in caplog.text)
+    prompt = [5, 9, 11, 4]
+    want = EagleRuntime.open(art, threads=1, guard=False, fused=False).generate(prompt_ids=prompt, max_new_tokens=12,
+                                                                                stop_on_eos=False)
+    assert rt.generate(prompt_ids=prompt, max_new_tokens=12, stop_on_eos=False).tokens == want.tokens
+    assert load_manifest(art).tree_defaults.top_k == 2
