@@ -192,9 +192,17 @@ class GraphCalls:
                 self._np[dst][dst_start] = self._np[src][rows[0]]
             else:
                 self._np[dst][dst_start:dst_start + n] = self._np[src][rows]
-        else:
-            s = self._t[src]
-            self._t[dst][dst_start:dst_start + n].copy_(s[torch.tensor(rows, device=s.device)])  # rows may be read-only
+        else:  # run by run (a chain's path is one): slices are device-to-device copies, where an index tensor made
+            # from host rows is a blocking host-to-device copy (torch synchronises the stream after it)
+            s, d = self._t[src], self._t[dst]
+            r = [int(x) for x in rows]
+            i = 0
+            while i < n:
+                j = i + 1
+                while j < n and r[j] == r[j - 1] + 1:
+                    j += 1
+                d[dst_start + i:dst_start + j].copy_(s[r[i]:r[i] + j - i])
+                i = j
 
     def _set_hidden_in(self, start: int, count: int, b: int) -> None:
         """``hidden_in`` rows [start, start + count) = slot b's last context hidden (a level-1 parent)."""
