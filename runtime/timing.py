@@ -38,6 +38,8 @@ class TimingBackend:
         self.fixed_tree_depth = inner.fixed_tree_depth
         self.accepts_in_graph = inner.accepts_in_graph
         self.tree_selects = inner.tree_selects
+        if hasattr(inner, "copy_from_host"):  # an optional capability (TensorRT): passed through untimed
+            self.copy_from_host = inner.copy_from_host
         self.last_exec_s = inner.last_exec_s
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)

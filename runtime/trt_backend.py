@@ -485,6 +485,7 @@ class TrtBackend:
         self.runtime_cache_dir = Path(runtime_cache_dir) if runtime_cache_dir is not None else directory
         self.mem = mem
         self.device = mem.device
+        self._h2d = None  # copy_from_host's pinned buffer (allocated at its first use)
         self.max_prefill = int(info.options["max_prefill"])
         self.max_tree_tokens = int(info.options["max_tree_tokens"])
         opener = mem.current_stream()
@@ -544,6 +545,24 @@ class TrtBackend:
 
     def to_host(self, x: torch.Tensor) -> np.ndarray:
         return self.mem.to_host(x)
+
+    def copy_from_host(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        """``dst`` (contiguous device memory) = ``src`` (host), queued on the caller's stream without blocking the host:
+        through a pinned buffer (torch's copy from pageable memory synchronises the stream), refilled only once its
+        previous copy has run (an event)."""
+        n = src.nbytes
+        if n != dst.nbytes:
+            raise ValueError(f"copy_from_host: {n} bytes into a {dst.nbytes}-byte buffer")
+        if self._h2d is None or self._h2d.numel() < n:
+            self._h2d = self.mem.pinned(max(n, 1), torch.uint8)
+            self._h2d_np = self._h2d.numpy()
+            self._h2d_done, self._h2d_pending = self.mem.event(), False
+        if self._h2d_pending:
+            self._h2d_done.synchronize()
+        np.copyto(self._h2d_np[:n], np.ascontiguousarray(src).reshape(-1).view(np.uint8))
+        self.mem.copy(self.mem.bytes_at(view_of(dst)), self._h2d[:n])
+        self._h2d_done.record(self.mem.current_stream())
+        self._h2d_pending = True
 
     def synchronize(self) -> None:
         self.stream.synchronize()

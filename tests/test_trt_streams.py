@@ -156,3 +156,20 @@ def test_the_engines_dtypes_are_checked_at_open(art, monkeypatch):
     with pytest.raises(EngineError, match=r"target_verify\.engine: past_key\.0 is float16 in the engine, the manifest "
                                           r"says float32: rebuild it"):
         emu.backend()
+
+
+def test_copies_from_the_host_wait_before_their_pinned_buffer_is_refilled(art):
+    """``copy_from_host`` (the draft's embedding rows) goes through one pinned buffer without blocking the host: two
+    copies queued on a side stream with no read between must each deliver their own bytes. Planted: the event wait
+    before the refill dropped -> the first copy runs after the second refill and delivers the second's bytes."""
+    be = backend(art)
+    first, second = (np.arange(64, dtype=np.float32) + k for k in (0.0, 1000.0))
+    a, b = be.zeros((64,), torch.float32), be.zeros((64,), torch.float32)
+    side = be.mem.stream()
+    with be.mem.on(side):
+        be.copy_from_host(a, first)
+        be.copy_from_host(b, second)
+        got = be.to_host(a), be.to_host(b)
+    assert not be.mem.poisoned_reads
+    np.testing.assert_array_equal(got[0], first)
+    np.testing.assert_array_equal(got[1], second)

@@ -255,6 +255,9 @@ class CallTimer:
     def to_host(self, x):
         return self._inner.to_host(x)
 
+    def copy_from_host(self, dst, src) -> None:  # the generator gathers the draft's embedding rows through it
+        self._inner.copy_from_host(dst, src)
+
     def synchronize(self) -> None:
         self._inner.synchronize()
 
