@@ -80,6 +80,11 @@ class Backend(Protocol):
         """A host copy of (rows of) a buffer from ``zeros``, once the work queued before it has written them."""
         ...
 
+    def copy_from_host(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        """``dst`` (a contiguous buffer from ``zeros``) = ``src`` (a host array of its bytes), ordered before work the
+        caller queues next; on a device without blocking the host (no stream synchronisation)."""
+        ...
+
     def synchronize(self) -> None:
         """Wait until all work this backend queued has finished (a no-op where ``run`` is synchronous)."""
         ...

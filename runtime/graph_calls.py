@@ -100,11 +100,10 @@ class GraphCalls:
         self._t = {k: v[0] for k, v in bufs.items()}  # [rows, ...] torch views
         self._rows = {k: RowBuffers([v]) for k, v in bufs.items()}
         self._cpu = backend.host_memory and dtype != torch.bfloat16
-        # A device backend that copies host rows without blocking (TensorRT: ``copy_from_host``) gets the draft's
-        # embedding rows through a host array (a bfloat16 table is gathered with torch, as before).
+        # On a device the draft's embedding rows are gathered into a host array and copied without blocking
+        # (``Backend.copy_from_host``; a bfloat16 table is gathered with torch, as before).
         self._embed_host = (np.empty((d_rows, d.hidden_size), dtype=np.dtype(manifest.dtype))
-                            if not backend.host_memory and hasattr(backend, "copy_from_host")
-                            and dtype != torch.bfloat16 else None)
+                            if not backend.host_memory and dtype != torch.bfloat16 else None)
         # In host memory the loop reads and fills these buffers through numpy views made here once (same memory, no
         # torch call per access). Elsewhere it reads through backend.to_host and gathers rows with torch.
         self._np = {k: v.numpy() for k, v in self._t.items()} if self._cpu else None

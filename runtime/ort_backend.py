@@ -381,6 +381,9 @@ class OrtBackend:
     def to_host(self, x: torch.Tensor) -> np.ndarray:
         return x.numpy() if x.device.type == "cpu" else x.cpu().numpy()  # a CUDA session's run has synchronised
 
+    def copy_from_host(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(src)).reshape(dst.shape))
+
     def synchronize(self) -> None:
         """Nothing to wait for: ``run`` returns when the graph has run."""
 
