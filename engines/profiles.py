@@ -183,6 +183,14 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
     raise EngineError(f"no profiles are defined for graph {graph!r}")
 
 
+def default_trees(manifest: Manifest) -> list:
+    """The trees an artifact drafts with by default: ``tree_defaults`` and the per-batch table's rows that draft."""
+    trees = [manifest.tree_defaults]
+    if manifest.batch_trees is not None:
+        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    return trees
+
+
 def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:
     """(top_k, depth) of the draft tree graph calls ``build`` makes engines of: per top_k among the artifact's
     default trees (``tree_defaults``, the per-batch table's rows) that has a tree graph, the deepest depth they use
@@ -193,11 +201,8 @@ def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:
     if q is not None and q.draft:
         return []
     graphs = C.tree_graphs(manifest.graphs)
-    trees = [manifest.tree_defaults]
-    if manifest.batch_trees is not None:
-        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
     deepest: dict[int, int] = {}
-    for t in trees:
+    for t in default_trees(manifest):
         if t.top_k in graphs and 1 <= t.depth <= graphs[t.top_k][1]:
             deepest[t.top_k] = max(deepest.get(t.top_k, 0), t.depth)
     return sorted(deepest.items())
@@ -207,9 +212,7 @@ def select_count(manifest: Manifest, top_k: int, depth: int) -> int:
     """How many candidates a tree engine of ``(top_k, depth)`` selects as its verify tree (``round_ops``): the most
     draft tokens a default tree of that top_k and depth verifies (a tree of fewer takes the best of them), else the
     default trees' of that top_k; at most the candidates it grows."""
-    trees = [manifest.tree_defaults]
-    if manifest.batch_trees is not None:
-        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    trees = default_trees(manifest)
     same = [t.total_tokens for t in trees if t.top_k == top_k and t.depth == depth]
     most = max(same or [t.total_tokens for t in trees if t.top_k == top_k])
     return min(most, top_k + depth * top_k * top_k)

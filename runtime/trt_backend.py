@@ -299,11 +299,9 @@ def stale_tree_engines(manifest: Manifest, depths: dict[int, int], selects: dict
     """The default trees (``tree_defaults``, the per-batch table) that the built tree engines do not serve as `build`
     would now (``profiles.tree_engine_calls``: an engine of their top_k at their depth, selecting their verify tree),
     in words; empty when they all are served or the artifact has no tree graphs to build."""
-    from eagle_export.engines.profiles import tree_engine_calls
+    from eagle_export.engines.profiles import default_trees, tree_engine_calls
 
-    trees = [manifest.tree_defaults]
-    if manifest.batch_trees is not None:
-        trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
+    trees = default_trees(manifest)
     wanted = dict(tree_engine_calls(manifest))
     missing = [t for t in trees if t.top_k in wanted and (depths.get(t.top_k) != wanted[t.top_k]
                                                           or selects.get(t.top_k, 0) < t.total_tokens)]
