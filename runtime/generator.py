@@ -507,6 +507,10 @@ class Generator(GraphCalls):
             st.draft_s += draft
             st.target_s += target
             st.host_s += host
+        if len(slots) == 1:  # most rounds (a plain step is ~1 ms on a small model: its host work counts)
+            s = slots[0]
+            self.costs.record(1, s.tree if spec[0] else None, wall, s.L)
+            return
         trees = {s.tree for s, sp in zip(slots, spec, strict=True) if sp}
         key = None if not trees else trees.pop() if len(trees) == 1 else MIXED
         self.costs.record(len(slots), key, wall, max(s.L for s in slots))

@@ -124,7 +124,8 @@ class InPlaceTargetKV:
         self.cache.commit(b, L, rows[:self.room(b, L, last)] + self._past[b])
 
     def commit_root(self, b: int, L: int, r0: int, last: bool) -> None:
-        self.cache.commit(b, L, [self._past[b]][:self.room(b, L, last)])
+        if self._past[b] != L:  # a plain step wrote its row after exactly the L committed ones: already in place
+            self.cache.commit(b, L, [self._past[b]][:self.room(b, L, last)])
 
     def move_slot(self, src: int, dst: int, count: int) -> None:
         self.cache.move_slot(src, dst, count)

@@ -3,7 +3,8 @@
 Each test writes what a target call would leave (the standard graph: its new rows in the scratch; the fused graph: its
 rows in the slot's region after the past it was bound) and checks what the verbs keep. Planted bugs each test
 catches: an in-place commit without the call's past offset, a commit past the slot's room (it would overwrite the
-next slot's rows), a root step committed from the wrong row, a slot move that copies the wrong region.
+next slot's rows), a root step committed from the wrong row (or taken as in place when a batch's past put it
+elsewhere), a slot move that copies the wrong region.
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def test_a_verify_keeps_its_accepted_path_after_the_committed_rows(layout):
     assert np.array_equal(x.committed(1, 7), expect([1, 2, 3, 10, 12, 13, 20]))
     assert not x.committed(0, 7).any()  # slot 0 untouched
 
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_plain_step_in_a_batch_keeps_its_row_after_its_own_committed_rows(layout):
+    """A call over several one-row sequences binds the longest one's past: a shorter slot's row is written after that
+    past and must move down to follow its own rows (planted: a root step taken as in place whatever the past)."""
+    x = layout()
+    x.call(0, 0, [1, 2])
+    x.kv.keep(0, 0, 2)
+    x.call(0, 5, [9])  # bound at the batch's past of 5 rows: the in-place layout wrote it at row 5
+    x.kv.commit_root(0, 2, r0=0, last=False)
+    assert np.array_equal(x.committed(0, 3), expect([1, 2, 9]))
 
 def test_a_slot_that_is_not_the_last_keeps_no_row_past_its_region():
     """The standard layout's regions sit at the stride: slot 0's path is cut at the stride, slot 1's rows survive.
