@@ -194,6 +194,8 @@ class FusedKVCache:
         n = len(r)
         if n and (dst < 0 or dst + n > self.capacity or r[0] < dst or r[-1] >= self.capacity):
             raise IndexError(f"rows {r} -> [{dst}, {dst + n}) outside {self.capacity} rows")
+        if not n or r[-1] == dst + n - 1:  # ascending, each >= dst: the last in place means all are (a chain's path)
+            return
         a = self._arr()
         i = 0
         while i < n:
