@@ -4,9 +4,10 @@ On a GPU every host read of a round waits for the device. With the tree engine a
 argmax and the tree's candidates) and selected the verify tree and walked the acceptance on the host. These two
 appendices move both steps into the engines, so the host reads once, the accepted path:
 
-- ``append_selection`` (the draft tree graph cut to its depth): the ``select`` best candidates by cumulative score
-  (``TopK``: sorted, ties to the lower index, i.e. a parent, which scores at least as high as its children and is
-  generated before them, comes first; the same set ``TreeGrower.select`` takes without a threshold), their tokens,
+- ``append_selection`` (the draft tree graph cut to its depth): the ``select`` best candidates by cumulative score,
+  ties to the lower index (a parent, which scores at least as high as its children and is generated before them,
+  comes first; the same set ``TreeGrower.select`` takes without a threshold), ranked by comparing every pair so that
+  no TopK's order of equal values decides it, their tokens,
   their depths, and the ancestor-or-self mask among them (each candidate's ancestors found by following
   ``tree_parents`` ``depth`` times). The round's verify inputs are made from these on the device.
 - ``append_acceptance`` (the standard target graph): the greedy acceptance of the call's logit rows as a tree, from
@@ -67,7 +68,18 @@ def append_selection(model: onnx.ModelProto, top_k: int, depth: int, select: int
         raise ValueError(f"cannot select {select} of {n} candidates")
     b = _Builder(model.graph, "select")
     k = b.const("k", [select])
-    _, idx = b.node("TopK", [C.TREE_SCORES, k], outputs=2, axis=1, largest=1, sorted=1)
+    # Each candidate's rank: the candidates ahead of it, by score, ties to the lower index (the host's stable sort).
+    # TopK over the negated ranks, which are distinct, so the selection does not rest on how a TopK orders equal
+    # values: ONNX says lower index first, TensorRT's ITopKLayer does not say, and a child at log-prob 0 ties its
+    # parent (fp16 log-softmax rounds a confident draft's top log-prob to 0).
+    later = np.arange(n)[None, :] < np.arange(n)[:, None]  # [i, j]: j was generated before i
+    ahead = b.node("Or", [b.node("Greater", [b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax1_s", [1])]),
+                                             b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax2_s", [2])])]),
+                          b.node("And", [b.node("Equal", [b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax1_e", [1])]),
+                                                          b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax2_e", [2])])]),
+                                         b.const("earlier", later, np.bool_)])])  # [B, i, j]: j ranks ahead of i
+    rank = b.node("ReduceSum", [b.node("Cast", [ahead], to=TensorProto.FLOAT), b.const("ax2_r", [2])], keepdims=0)
+    _, idx = b.node("TopK", [b.node("Neg", [rank]), k], outputs=2, axis=1, largest=1, sorted=1)
     b.node("GatherElements", [C.TREE_TOKENS, idx], C.SELECT_TOKENS, axis=1)
     b.node("Gather", [b.const("levels", candidate_levels(top_k, depth)), idx], C.SELECT_DEPTHS, axis=0)
     # parents with the root's -1 sent to a sentinel column n, whose parent is n again: a walk stays there

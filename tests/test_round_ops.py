@@ -49,12 +49,54 @@ def _candidates(rng, k: int, depth: int, ties: bool) -> tuple[np.ndarray, np.nda
 def test_selection_is_the_growers(k, depth, total):
     """The selected set, its tokens and depths, and each node's ancestors equal ``TreeGrower.select``'s tree (its
     nodes in generation order, ours by score: compared through the candidate each node is)."""
+    _check_selection(k, depth, total, lambda m: append_selection(m, k, depth, total), all_tied=False)
+
+
+def _ties_to_the_higher_index(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The selection's TopK made one that puts equal values' higher index first (its input reversed along the axis,
+    its indices mapped back): a TopK as TensorRT documents it, with no promise on the order of equal values."""
+    g = model.graph
+    top = next(x for x in g.node if x.op_type == "TopK" and x.name.startswith("/round_ops/select"))
+    at = list(g.node).index(top)
+    big = np.iinfo(np.int64).max
+    consts = [helper.make_tensor(n, TensorProto.INT64, [len(v)], v)
+              for n, v in (("rv_s", [-1]), ("rv_e", [-big]), ("rv_a", [1]), ("rv_st", [-1]))]
+    g.initializer.extend(consts)
+    g.initializer.append(helper.make_tensor("rv_last", TensorProto.INT64, [], [_width(model) - 1]))
+    rev = helper.make_node("Slice", [top.input[0], "rv_s", "rv_e", "rv_a", "rv_st"], ["rv_x"], name="rv_slice")
+    top.input[0] = "rv_x"
+    idx = top.output[1]
+    top.output[1] = "rv_idx"
+    back = helper.make_node("Sub", ["rv_last", "rv_idx"], [idx], name="rv_back")
+    nodes = list(g.node)
+    nodes[at:at + 1] = [rev, top, back]
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
+
+
+def _width(model: onnx.ModelProto) -> int:
+    scores = next(i for i in model.graph.input if i.name == C.TREE_SCORES)
+    return scores.type.tensor_type.shape.dim[1].dim_value
+
+
+@pytest.mark.parametrize("k, depth, total", [(1, 3, 3), (2, 3, 6), (4, 3, 12), (3, 1, 5)])
+def test_selection_does_not_rest_on_a_topks_order_of_equal_scores(k, depth, total):
+    """With a TopK that puts the higher index first among equal values, the selection is still the grower's: a child
+    at log-prob 0 ties its parent, and a TopK over the scores themselves then took the child without its parent at
+    the cut (planted: the TopK over the scores again fails here)."""
+    _check_selection(k, depth, total, lambda m: _ties_to_the_higher_index(append_selection(m, k, depth, total)),
+                     all_tied=True)
+
+
+def _check_selection(k: int, depth: int, total: int, append, all_tied: bool) -> None:
+    """Random candidates (every other trial with ties, or all with ``all_tied``) through the appended selection."""
     n = k + depth * k * k
     s = _session([(C.TREE_SCORES, TensorProto.FLOAT, ["B", n]), (C.TREE_TOKENS, TensorProto.INT64, ["B", n]),
-                  (C.TREE_PARENTS, TensorProto.INT64, ["B", n])], lambda m: append_selection(m, k, depth, total))
+                  (C.TREE_PARENTS, TensorProto.INT64, ["B", n])], append)
     rng = np.random.default_rng(k * 100 + depth * 10 + total)
     for trial in range(30):
-        batch = [_candidates(rng, k, depth, ties=trial % 2 == 1) for _ in range(2)]
+        batch = [_candidates(rng, k, depth, ties=all_tied or trial % 2 == 1) for _ in range(2)]
         feeds = {C.TREE_SCORES: np.stack([b[0] for b in batch]).astype(np.float32),
                  C.TREE_TOKENS: np.stack([b[1] for b in batch]), C.TREE_PARENTS: np.stack([b[2] for b in batch])}
         tokens, depths, mask = s.run([C.SELECT_TOKENS, C.SELECT_DEPTHS, C.SELECT_MASK], feeds)
