@@ -132,12 +132,17 @@ def append_acceptance(model: onnx.ModelProto) -> onnx.ModelProto:
     anybad = b.node("ReduceMax", [b.node("Cast", [b.node("And", [m, b.node("Unsqueeze", [bad, ax1])])], to=i32)],
                     axes=[2], keepdims=0)  # [B, R]: some ancestor (or the row) is not accepted
     good = b.node("Cast", [b.node("Sub", [b.const("one32", 1, np.int32), anybad])], to=i64)
-    score = b.node("Mul", [good, b.node("Add", [d, one])])  # the deepest accepted row scores highest; ties: row 0
+    # The deepest accepted row scores highest; at depth 0 (nothing accepted) the root ties with the padding rows
+    # (each its own root), so the lower row wins by the score's last digit, not by ArgMax's order of equal values
+    # (TensorRT makes ArgMax a TopK, which documents none): a padding row taken for the root would be committed.
+    r = b.node("Shape", [C.LOGIT_INDICES], start=1, end=2)
+    r0 = b.node("Squeeze", [r, b.const("ax0", [0])])
+    later = b.node("Sub", [b.node("Sub", [r0, one]), b.node("Range", [b.const("zero_r", 0), r0, one])])  # R-1 .. 0
+    score = b.node("Add", [b.node("Mul", [b.node("Mul", [good, b.node("Add", [d, one])]), r]), later])
     best = b.node("ArgMax", [score], axis=1, keepdims=1)  # [B, 1]
     b.node("Squeeze", [b.node("GatherElements", [d, best], axis=1), ax1], C.ACCEPT_COUNT)
     on_path = b.node("Cast", [b.node("Squeeze", [b.node("GatherND", [m, b.node("Unsqueeze", [best, ax2])],
                                                         batch_dims=1), ax1])], to=i64)  # [B, R]
-    r = b.node("Shape", [C.LOGIT_INDICES], start=1, end=2)
     key = b.node("Mul", [on_path, b.node("Sub", [r, d])])  # path rows by depth first, the others 0
     b.node("TopK", [key, r], outputs=2, axis=1, largest=1, sorted=1)
     model.graph.node[-1].output[1] = C.ACCEPT_ROWS
