@@ -441,7 +441,10 @@ def test_device_rounds_accept_what_the_host_accepts_on_a_drafting_pair(tmp_path)
     runtimes of one and of four sequences whose rounds run on the device accept, round by round, exactly what the
     same engines accept when the host selects and accepts, and output the cycle. A random tiny model accepts nothing,
     so only a drafting pair can tell a wrong device tree (another sequence's, a stale one, a wrong mask or padding) or
-    a wrong acceptance (path, bonus) from a right one: planted, each of those changes the accepted lengths."""
+    a wrong acceptance (path, bonus) from a right one: planted, each of those changes the accepted lengths. Then
+    four sequences with two tree widths: the narrower trees' rows end in padding rows, each a depth-0 root of its
+    own, which the emulator's ArgMax (the last of equal values first, as TensorRT may) took for the root of a round
+    that accepts nothing until the deepest row's score broke the tie by row (planted: that request fails)."""
     from bigram import make_bigram_pair
 
     from eagle_export.engines.builder import BuildOptions, build_engines
@@ -475,5 +478,15 @@ def test_device_rounds_accept_what_the_host_accepts_on_a_drafting_pair(tmp_path)
             assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths
         lengths = [x for r in got for x in r.stats.accept_lengths]
         assert max(lengths) == tree.depth + 1 and min(lengths) == 0  # full rounds, and rounds after a wrong token
+        if slots == B:  # every other request a narrower tree: its rows of a device round end in padding rows
+            narrow = TreeParams(tree.top_k, tree.depth, tree.total_tokens - 2)
+            trees = [tree if i % 2 else narrow for i in range(len(reqs))]
+
+            got, want = ([x.wait(timeout=300) for x in [
+                rt.submit(prompt_ids=p, max_new_tokens=n, stop_on_eos=False, tree=t)
+                for (p, n), t in zip(reqs, trees, strict=True)]] for rt in (dev, host))
+            for a, b in zip(got, want, strict=True):
+                assert a.tokens == b.tokens and a.stats.accept_lengths == b.stats.accept_lengths
+            assert 0 in got[0].stats.accept_lengths  # a narrow tree's round that accepted nothing
         dev.close()
         host.close()

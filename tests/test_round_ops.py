@@ -14,6 +14,7 @@ from eagle_export import contract as C
 from eagle_export.engines.round_ops import append_acceptance, append_selection, candidate_levels
 from eagle_export.runtime.accept import accept_greedy
 from eagle_export.runtime.tree import TreeGrower, VerifyTree
+from eagle_export.tools.testing.trt_emulator import ties_the_other_way
 from eagle_export.tree_params import TreeParams
 
 
@@ -52,38 +53,14 @@ def test_selection_is_the_growers(k, depth, total):
     _check_selection(k, depth, total, lambda m: append_selection(m, k, depth, total), all_tied=False)
 
 
-def _ties_to_the_higher_index(model: onnx.ModelProto, node: onnx.NodeProto, out: int) -> onnx.ModelProto:
-    """``node`` (an appended TopK or ArgMax over axis 1) made one that puts the higher index first among equal
-    values (its input reversed along the axis, output ``out``'s indices mapped back): a fake of TensorRT's
-    ``ITopKLayer`` (which an ArgMax becomes), whose contract has no order for equal values."""
-    g = model.graph
-    at = list(g.node).index(node)
-    big = np.iinfo(np.int64).max
-    g.initializer.extend(helper.make_tensor(n, TensorProto.INT64, [len(v)], v) for n, v in (
-        ("rv_s", [-1]), ("rv_e", [-big]), ("rv_a", [1]), ("rv_st", [-1]), ("rv_one", [1])))
-    x, idx = node.input[0], node.output[out]
-    extra = [helper.make_node("Slice", [x, "rv_s", "rv_e", "rv_a", "rv_st"], ["rv_x"], name="rv_slice"),
-             helper.make_node("Shape", [x], ["rv_n"], name="rv_shape", start=1, end=2),
-             helper.make_node("Sub", ["rv_n", "rv_one"], ["rv_last"], name="rv_last")]
-    node.input[0], node.output[out] = "rv_x", "rv_idx"
-    back = helper.make_node("Sub", ["rv_last", "rv_idx"], [idx], name="rv_back")
-    nodes = list(g.node)
-    nodes[at:at + 1] = [*extra, node, back]
-    del g.node[:]
-    g.node.extend(nodes)
-    return model
-
-
 @pytest.mark.parametrize("k, depth, total", [(1, 3, 3), (2, 3, 6), (4, 3, 12), (3, 1, 5)])
 def test_selection_does_not_rest_on_a_topks_order_of_equal_scores(k, depth, total):
-    """With a TopK that puts the higher index first among equal values, the selection is still the grower's: a child
+    """With a TopK that puts the higher index first among equal values (the emulator's, ``ties_the_other_way``: TensorRT
+    documents no order for them), the selection is still the grower's: a child
     at log-prob 0 ties its parent, and a TopK over the scores themselves then took the child without its parent at
     the cut (planted: the TopK over the scores again fails here)."""
-    def append(m: onnx.ModelProto) -> onnx.ModelProto:
-        append_selection(m, k, depth, total)
-        return _ties_to_the_higher_index(m, next(x for x in m.graph.node if x.op_type == "TopK"), 1)
-
-    _check_selection(k, depth, total, append, all_tied=True)
+    _check_selection(k, depth, total, lambda m: ties_the_other_way(append_selection(m, k, depth, total)),
+                     all_tied=True)
 
 
 def _check_selection(k: int, depth: int, total: int, append, all_tied: bool) -> None:
@@ -144,13 +121,6 @@ def _acceptance_session(append=append_acceptance) -> ort.InferenceSession:
                      (C.LOGIT_INDICES, TensorProto.INT64, ["B", "R"])], append)
 
 
-def _with_last_argmax(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``append_acceptance`` whose choice of the deepest accepted row picks the last of equal scores."""
-    append_acceptance(model)
-    deepest = next(x for x in model.graph.node if x.op_type == "ArgMax" and x.input[0] != C.LOGITS)
-    return _ties_to_the_higher_index(model, deepest, 0)
-
-
 def _random_tree(rng, nodes: int) -> VerifyTree:
     parents = [-1] + [int(rng.integers(0, i)) for i in range(1, nodes)]
     tokens = np.zeros(nodes, np.int64)
@@ -179,10 +149,12 @@ def _logits_for(rng, vt: VerifyTree) -> np.ndarray:
 def test_acceptance_is_accept_greedy(batched, argmax):
     """Random trees (chains and bushes, with padding rows; batched: two sequences at a common stride, the second's
     tree narrower): the accepted count, the path's rows and the tokens read from ``next_ids`` (each accepted token
-    is its parent row's argmax, the bonus the last row's) equal ``accept_greedy``'s. ties-last: the same with an
-    ArgMax that picks the last of equal values for the deepest accepted row (planted: with the score alone, a round
-    that accepts nothing took a padding row, each its own depth-0 root, for the root)."""
-    s = _acceptance_session(append_acceptance if argmax == "onnx" else _with_last_argmax)
+    is its parent row's argmax, the bonus the last row's) equal ``accept_greedy``'s. ties-last: the same with the
+    appended ArgMax and TopK putting the last of equal values first, as the emulator runs them (planted: with the
+    deepest row's score alone, a round that accepts nothing took a padding row, each its own depth-0 root, for the
+    root)."""
+    s = _acceptance_session(append_acceptance if argmax == "onnx" else
+                            lambda m: ties_the_other_way(append_acceptance(m)))
     rng = np.random.default_rng(7 + batched)
     accepted = 0
     for trial in range(60):

@@ -22,6 +22,13 @@ message starts with ``TensorRT rule broken (<rule>)``. Where real TensorRT repor
 value (a shape outside the profile: ``set_input_shape`` returns False and logs; a misaligned address:
 ``set_tensor_address`` returns False), the emulator does the same and logs the rule's message.
 
+The operators ``build`` appends to the engines' sources (engines/round_ops.py) run here with the order of equal
+values ONNX does not promise on TensorRT: TensorRT's ``ITopKLayer`` (which an ``ArgMax`` also becomes) documents no
+order for them, so the emulator gives each appended ``TopK`` and ``ArgMax`` the higher index first
+(``ties_the_other_way``), and code that rests on ONNX's lower-index-first order fails here. The row argmax over the
+logits (``next_ids``, the greedy token) keeps ONNX's order, the host's: which of two exactly equal logits is "greedy"
+is the model's numerics, as with fp16 rounding.
+
 What the emulator cannot show: kernel numerics (it computes with ONNX Runtime's CPU kernels, bf16 in fp32),
 timing, TensorRT-RTX's JIT compilation and runtime cache, true concurrency (it runs one adversarial order),
 ordering bugs against the default stream (its work runs at once), torch ops of the caller on device memory (run
@@ -803,7 +810,7 @@ class TrtEmulator:
             opts.log_severity_level = 3
             if self.manifest.dtype == "bfloat16" or self.manifest.engines.graphs[graph].appended or \
                     C.parse_tree_call(graph) is not None:
-                model = self.source(graph, load_external_data=True)
+                model = ties_the_other_way(self.source(graph, load_external_data=True))
                 if self.manifest.dtype == "bfloat16":
                     model = _fp32_copy(model)
                 s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -817,6 +824,40 @@ class TrtEmulator:
         be = TrtBackend(self.directory, self.manifest, lib=self.lib, mem=self.mem, **options)
         be.emulator = self  # what ran, for tests
         return be
+
+
+def ties_the_other_way(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every appended ``TopK`` and ``ArgMax`` (engines/round_ops.py, along axis 1) putting the higher
+    index first among equal values, but the argmax over the logits (module docstring). A TopK's input is reversed
+    along its axis and its indices mapped back; an ArgMax gets ``select_last_index``. In place; returns it."""
+    from onnx import helper
+
+    from eagle_export.engines.round_ops import PREFIX
+
+    g = model.graph
+    nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(g.node):
+        if not node.name.startswith(PREFIX) or node.op_type not in ("TopK", "ArgMax") or C.LOGITS in node.input:
+            nodes.append(node)
+            continue
+        if node.op_type == "ArgMax":
+            node.attribute.append(helper.make_attribute("select_last_index", 1))
+            nodes.append(node)
+            continue
+        p = f"/emulator/ties_{i}"
+        big = np.iinfo(np.int64).max
+        g.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), f"{p}/{n}")
+                             for n, v in (("s", [-1]), ("e", [-big]), ("a", [1]), ("st", [-1]), ("one", [1])))
+        x, idx = node.input[0], node.output[1]
+        node.input[0], node.output[1] = f"{p}/x", f"{p}/idx"
+        nodes += [helper.make_node("Slice", [x, f"{p}/s", f"{p}/e", f"{p}/a", f"{p}/st"], [f"{p}/x"], name=f"{p}/rev"),
+                  helper.make_node("Shape", [x], [f"{p}/n"], name=f"{p}/shape", start=1, end=2),
+                  helper.make_node("Sub", [f"{p}/n", f"{p}/one"], [f"{p}/last"], name=f"{p}/last"),
+                  node,
+                  helper.make_node("Sub", [f"{p}/last", f"{p}/idx"], [idx], name=f"{p}/back")]
+    del g.node[:]
+    g.node.extend(nodes)
+    return model
 
 
 def emulated_backend(directory: str | Path, compute_capability: tuple[int, int] = (8, 9), **options) -> TrtBackend:
