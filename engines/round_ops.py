@@ -72,12 +72,11 @@ def append_selection(model: onnx.ModelProto, top_k: int, depth: int, select: int
     # TopK over the negated ranks, which are distinct, so the selection does not rest on how a TopK orders equal
     # values: ONNX says lower index first, TensorRT's ITopKLayer does not say, and a child at log-prob 0 ties its
     # parent (fp16 log-softmax rounds a confident draft's top log-prob to 0).
-    later = np.arange(n)[None, :] < np.arange(n)[:, None]  # [i, j]: j was generated before i
-    ahead = b.node("Or", [b.node("Greater", [b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax1_s", [1])]),
-                                             b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax2_s", [2])])]),
-                          b.node("And", [b.node("Equal", [b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax1_e", [1])]),
-                                                          b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax2_e", [2])])]),
-                                         b.const("earlier", later, np.bool_)])])  # [B, i, j]: j ranks ahead of i
+    earlier = np.arange(n)[None, :] < np.arange(n)[:, None]  # [i, j]: j was generated before i
+    mine = b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax2_s", [2])])  # [B, i, 1]
+    theirs = b.node("Unsqueeze", [C.TREE_SCORES, b.const("ax1_s", [1])])  # [B, 1, j]
+    ahead = b.node("Or", [b.node("Greater", [theirs, mine]),
+                          b.node("And", [b.node("Equal", [theirs, mine]), b.const("earlier", earlier, np.bool_)])])
     rank = b.node("ReduceSum", [b.node("Cast", [ahead], to=TensorProto.FLOAT), b.const("ax2_r", [2])], keepdims=0)
     _, idx = b.node("TopK", [b.node("Neg", [rank]), k], outputs=2, axis=1, largest=1, sorted=1)
     b.node("GatherElements", [C.TREE_TOKENS, idx], C.SELECT_TOKENS, axis=1)
@@ -137,8 +136,8 @@ def append_acceptance(model: onnx.ModelProto) -> onnx.ModelProto:
     # (TensorRT makes ArgMax a TopK, which documents none): a padding row taken for the root would be committed.
     r = b.node("Shape", [C.LOGIT_INDICES], start=1, end=2)
     r0 = b.node("Squeeze", [r, b.const("ax0", [0])])
-    later = b.node("Sub", [b.node("Sub", [r0, one]), b.node("Range", [b.const("zero_r", 0), r0, one])])  # R-1 .. 0
-    score = b.node("Add", [b.node("Mul", [b.node("Mul", [good, b.node("Add", [d, one])]), r]), later])
+    lower_first = b.node("Sub", [b.node("Sub", [r0, one]), b.node("Range", [b.const("zero_r", 0), r0, one])])  # R-1..0
+    score = b.node("Add", [b.node("Mul", [b.node("Mul", [good, b.node("Add", [d, one])]), r]), lower_first])
     best = b.node("ArgMax", [score], axis=1, keepdims=1)  # [B, 1]
     b.node("Squeeze", [b.node("GatherElements", [d, best], axis=1), ax1], C.ACCEPT_COUNT)
     on_path = b.node("Cast", [b.node("Squeeze", [b.node("GatherND", [m, b.node("Unsqueeze", [best, ax2])],
