@@ -7,9 +7,9 @@ steps (``ratio``: the wall time of the runtime's recent speculative rounds over 
 
 - after ``min_rounds`` speculative rounds, switches the request to plain rounds when the estimate ``tau / ratio``
   falls below ``leave`` (hysteresis: a request that pays a little is left alone) by ``confidence`` standard errors
-  of the running tau (a draft whose rounds commit 1 or 8 tokens at random needs more rounds to convict than one
-  that commits 1 every round), or, a collapse after a good stretch, when its last ``window`` rounds' mean is below half
-  the break-even;
+  of the running tau, taken from the spread of the request's own rounds (a draft whose rounds commit 1 or 8 tokens at
+  random needs more rounds to convict than one that commits 1 every round), or, a collapse after a good stretch, when
+  its last ``window`` rounds' mean is below half the break-even;
 - meanwhile, every ``shadow_every`` plain rounds the draft reads the tokens committed since (the context pass that
   keeps its cache in step, run anyway): how often its top-k held the next token estimates what a round would commit
   (``shadow``), and a draft that would pay again is probed at once; reads are spaced by what they cost
@@ -109,7 +109,6 @@ class Guard:
     policy: GuardPolicy = field(default_factory=GuardPolicy)
     mode: str = SPEC
     tau: float | None = None  # running tau over speculative rounds (None: none yet)
-    var: float = 0.0  # running variance of the rounds' committed tokens, weighted as tau
     spec_seen: int = 0  # speculative rounds since the guard last (re)started judging
     plain_left: int = 0  # plain rounds before the next probe
     interval: int = 0  # the current interval between probes (0: not switched yet)
@@ -124,6 +123,10 @@ class Guard:
     dip: bool = False  # the last switch to plain rounds was the window's alone (a collapse the running tau hid)
     recent: list[int] = field(default_factory=list)  # the last ``window`` speculative rounds' committed tokens
     weight: float = field(default=0.0, init=False)  # pseudo-rounds of the prior still in the running tau
+    # The request's own rounds since it was last judged afresh, averaged as tau is but without the prior: their
+    # variance is what the confidence margin is made of (``stderr``).
+    own_tau: float = field(default=0.0, init=False)  # their running mean
+    own_var: float = field(default=0.0, init=False)  # their running variance
 
     def __post_init__(self) -> None:
         self._restart()
@@ -143,11 +146,12 @@ class Guard:
         """Judge afresh: the running tau starts from the prior (weighing prior_rounds rounds), or from nothing."""
         self.spec_seen = 0
         self.recent = []
+        self.own_tau = self.own_var = 0.0
         if self.prior is not None:
-            self.tau, self.var, _ = self.prior
+            self.tau = self.prior[0]
             self.weight = float(self.policy.prior_rounds)
         else:
-            self.tau, self.var, self.weight = None, 0.0, 0.0
+            self.tau, self.weight = None, 0.0
 
     def after(self, ran: str, committed: int, ratio: float | None) -> str:
         """Account one round of this request and return the mode of its next one.
@@ -238,25 +242,28 @@ class Guard:
         return self.mode
 
     def _add(self, committed: int) -> None:
-        """One speculative round into the running tau and variance: exponentially weighted (weight alpha), the plain
-        mean and variance while fewer than 1/alpha rounds (the prior's pseudo-rounds included) were seen, so the first
-        rounds weigh alike."""
+        """One speculative round into the running tau (from the prior, its pseudo-rounds counted) and into the
+        request's own mean and variance (from its first round): exponentially weighted (weight alpha), the plain mean
+        and variance while fewer than 1/alpha rounds were seen, so the first rounds weigh alike."""
         self.spec_seen += 1
         self.recent.append(committed)
         del self.recent[:-self.policy.window]
+        v = max(self.policy.alpha, 1.0 / self.spec_seen)
+        d = committed - self.own_tau
+        self.own_tau += v * d
+        self.own_var = (1 - v) * (self.own_var + v * d * d)
         w = max(self.policy.alpha, 1.0 / (self.spec_seen + self.weight))
-        if self.tau is None:
-            self.tau, self.var = float(committed), 0.0
-            return
-        d = committed - self.tau
-        self.tau += w * d
-        self.var = (1 - w) * (self.var + w * d * d)
+        self.tau = float(committed) if self.tau is None else self.tau + w * (committed - self.tau)
 
     @property
     def stderr(self) -> float:
-        """The running tau's standard error: its variance over the rounds it effectively averages."""
-        n = min(self.spec_seen + self.weight, 2 / self.policy.alpha - 1)
-        return math.sqrt(self.var / n) if n > 0 else 0.0
+        """The running tau's standard error, from the spread of the request's own rounds over how many of them it
+        averages. Not the prior's: a request whose rounds commit 1 every time, on a head that committed 3 for the
+        requests before, is no noisier for the difference; counted as noise, that distance kept such a request at a
+        ratio of 2.3 speculating for 10 rounds (the window's collapse rule needs a ratio above 2.35), most of an
+        undraftable stretch (docs/runtime.md, "The speculation guard")."""
+        n = min(self.spec_seen, 2 / self.policy.alpha - 1)
+        return math.sqrt(self.own_var / n) if n > 0 else 0.0
 
     def _to_plain(self, interval: int, ratio: float) -> None:
         p = self.policy
