@@ -45,3 +45,13 @@ def test_replay_prints_every_policy(tmp_path):
     lines = out.output.splitlines()
     assert sum(ln.startswith("  always drafting") for ln in lines) == 2
     assert sum(ln.startswith("  default (all three)") for ln in lines) == 2
+
+
+def test_the_guard_reads_its_figure_and_pays_the_true_cost():
+    """Rounds committing 2 at a true cost of 1.5 steps pay (30 rounds, 45 steps); a guard that reads a ratio of 4
+    (speculation at 0.5x) leaves after its first rounds and decodes plainly, paying more than the true 45 steps and
+    about plain decoding's 60 (planted: the read figure charged as the cost, 71 steps, fails)."""
+    acc = [0] + [1] * 60
+    assert replay_one(GuardPolicy(), True, acc, 3, 1.5, 1.0, RoundCosts(), TREE) == 45.0
+    misread = replay_one(GuardPolicy(), True, acc, 3, 1.5, 1.0, RoundCosts(), TREE, seen=4.0)
+    assert 45.0 < misread < 1.15 * 60

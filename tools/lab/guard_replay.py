@@ -22,6 +22,8 @@ moved more between identical runs than between the policies.
 from __future__ import annotations
 
 import json
+import math
+import random
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -43,19 +45,22 @@ POLICIES = {
 
 
 def replay_one(policy: GuardPolicy, floor: bool, accepted: list[int], depth: int, ratio: float, read_cost: float,
-               costs: RoundCosts, tree) -> float:
+               costs: RoundCosts, tree, seen: float | None = None) -> float:
     """Plain steps one request took over its ``len(accepted)`` tokens (the first comes from the prefill) under
-    ``policy``; ``accepted[k]``: what a round from k committed tokens accepts. ``costs`` carries the running tau."""
+    ``policy``; ``accepted[k]``: what a round from k committed tokens accepts. ``costs`` carries the running tau.
+    seen: the ratio the guard reads (a figure measured in a slow or fast moment; default ``ratio``, which is what a
+    speculative round costs either way)."""
     n = len(accepted)
+    seen = ratio if seen is None else seen
     g = Guard(policy, prior=costs.prior(tree))
-    g.start(ratio)
+    g.start(seen)
     k, steps, lag0 = 1, 0.0, None  # lag0: the first committed token the draft has not read
     while k < n:
         if g.mode == SPEC:
             committed = min(accepted[k] + 1, n - k)
             steps += ratio
             costs.note_tau(tree, committed)
-            nxt = g.after(SPEC, committed, ratio)
+            nxt = g.after(SPEC, committed, seen)
             if nxt == PLAIN:  # leaving: its accepted path goes to the lag rows
                 lag0 = k
             else:
@@ -72,7 +77,7 @@ def replay_one(policy: GuardPolicy, floor: bool, accepted: list[int], depth: int
             # rows of tokens lag0 .. k-1 predict tokens lag0+1 .. k-1; the last shadow_window of them count
             window = min(k - lag0 - 1, policy.shadow_window)
             hits = sum(accepted[q] >= 1 for q in range(k - window, k))
-            g.shadow(hits, window, depth, ratio)
+            g.shadow(hits, window, depth, seen)
             lag0 = None if g.mode == SPEC else k
     return steps
 
@@ -121,7 +126,10 @@ def record(artifact: Path, out: Path, prompts: Path | None, max_new_tokens: int,
 @click.argument("recording", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--ratio", default="2,3,4", show_default=True, help="A speculative round's cost in plain steps.")
 @click.option("--read-cost", default=1.0, show_default=True, help="A shadow read's cost in plain steps.")
-def replay(recording: Path, ratio: str, read_cost: float) -> None:
+@click.option("--noise", default=0.0, show_default=True,
+              help="Each request's guard reads the ratio times exp(N(0, NOISE)) (seeded), as a figure measured in a "
+                   "slow or fast moment; its rounds still cost the ratio.")
+def replay(recording: Path, ratio: str, read_cost: float, noise: float) -> None:
     rec = json.loads(recording.read_text())
     depth = rec["tree"]["depth"]
     tree = tuple(sorted(rec["tree"].items()))
@@ -137,9 +145,9 @@ def replay(recording: Path, ratio: str, read_cost: float) -> None:
         click.echo(f"  {'always drafting':62s} speed vs plain: all {_total(rec, always):.3f}x, worst prompt "
                    f"{min(always):.3f}x")
         for name, (policy, floor) in POLICIES.items():
-            costs = RoundCosts()
-            speeds = [(len(p["accepted"]) - 1) / replay_one(policy, floor, p["accepted"], depth, r,
-                                                              read_cost, costs, tree)
+            costs, rng = RoundCosts(), random.Random(0)  # every policy reads the same figures
+            speeds = [(len(p["accepted"]) - 1) / replay_one(policy, floor, p["accepted"], depth, r, read_cost, costs,
+                                                              tree, r * math.exp(rng.gauss(0.0, noise)))
                       for p in rec["prompts"]]
             vs = [s / a for s, a in zip(speeds, always, strict=True)]
             click.echo(f"  {name:62s} speed vs plain: all {_total(rec, speeds):.3f}x, worst prompt "
