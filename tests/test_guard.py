@@ -91,7 +91,6 @@ def test_a_noisy_draft_needs_more_evidence_than_a_dead_one():
     assert runs(feed(Guard(GuardPolicy()), [1] * 10, 2.5))[:2] == [(SPEC, 3), (PLAIN, 7)]
 
 
-
 def test_the_margin_is_the_requests_own_spread_not_its_distance_from_the_prior():
     """A head that committed 3 a round for the requests before (the prior), a request whose rounds commit 1 every time
     at a ratio of 2.3, below the window's collapse threshold (1 / 2.3 > 0.85 / 2): it is off once the running tau,
@@ -101,6 +100,7 @@ def test_the_margin_is_the_requests_own_spread_not_its_distance_from_the_prior()
     for var in (0.0, 4.0):
         assert runs(feed(Guard(GuardPolicy(), prior=(3.0, var, 39)), [1] * 30, 2.3))[:2] == [(SPEC, 5), (PLAIN, 25)]
     assert set(feed(Guard(GuardPolicy(), prior=(3.0, 0.0, 39)), [1, 5] * 30, 2.3)) == {SPEC}
+
 
 def test_a_collapse_after_a_good_stretch_is_caught_by_the_window():
     # Ten rounds of 8 keep the running tau high for many rounds after a collapse; the last 3 rounds' mean (1) below
