@@ -25,7 +25,7 @@ from .embedding import TokenEmbedding
 from .kv_cache import FusedKVCache, KVCache
 from .slots import LayoutPlan, Padding
 from .target_kv import InPlaceTargetKV, ScratchTargetKV, TargetKV
-from .views import HostScratch, RowBuffers, SplitInputs, view_of
+from .views import HostScratch, RowBuffers, SplitInputs, row_runs, view_of
 
 
 class GraphCalls:
@@ -196,17 +196,11 @@ class GraphCalls:
                 self._np[dst][dst_start] = self._np[src][rows[0]]
             else:
                 self._np[dst][dst_start:dst_start + n] = self._np[src][rows]
-        else:  # run by run (a chain's path is one): slices are device-to-device copies, where an index tensor made
-            # from host rows is a blocking host-to-device copy (torch synchronises the stream after it)
+        else:  # run by run: slices are device-to-device copies, where an index tensor made from host rows is a
+            # blocking host-to-device copy (torch synchronises the stream after it)
             s, d = self._t[src], self._t[dst]
-            r = [int(x) for x in rows]
-            i = 0
-            while i < n:
-                j = i + 1
-                while j < n and r[j] == r[j - 1] + 1:
-                    j += 1
-                d[dst_start + i:dst_start + j].copy_(s[r[i]:r[i] + j - i])
-                i = j
+            for i, j, first in row_runs([int(x) for x in rows]):
+                d[dst_start + i:dst_start + j].copy_(s[first:first + j - i])
 
     def _set_hidden_in(self, start: int, count: int, b: int) -> None:
         """``hidden_in`` rows [start, start + count) = slot b's last context hidden (a level-1 parent)."""

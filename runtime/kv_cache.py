@@ -24,7 +24,7 @@ import torch
 
 from eagle_export.dtypes import BY_TORCH
 
-from .views import BufferView, RowBuffers
+from .views import BufferView, RowBuffers, row_runs
 
 
 class KVCache:
@@ -115,13 +115,8 @@ class KVCache:
         if n and (min(r) < 0 or max(r) >= self.new_capacity):
             raise IndexError(f"scratch rows {r} outside {self.new_capacity} rows")
         dst, src = (self._np_all, self._np_new) if self._np_all is not None else (self._all, self._new)
-        i = 0
-        while i < n:
-            j = i + 1
-            while j < n and r[j] == r[j - 1] + 1:
-                j += 1
-            dst[:, :, start + i:start + j] = src[:, :, r[i]:r[i] + j - i]
-            i = j
+        for i, j, first in row_runs(r):
+            dst[:, :, start + i:start + j] = src[:, :, first:first + j - i]
 
 ALIGN = 256  # bytes: TensorRT wants every bound tensor this aligned, so each buffer starts at such an offset
 
@@ -197,15 +192,10 @@ class FusedKVCache:
         if not n or r[-1] == dst + n - 1:  # ascending, each >= dst: the last in place means all are (a chain's path)
             return
         a = self._arr()
-        i = 0
-        while i < n:
-            j = i + 1
-            while j < n and r[j] == r[j - 1] + 1:
-                j += 1
-            if r[i] != dst + i:  # overlapping ranges: numpy copies through a buffer, torch needs a clone
-                src = a[:, slot, :, r[i]:r[i] + j - i]
+        for i, j, first in row_runs(r):
+            if first != dst + i:  # overlapping ranges: numpy copies through a buffer, torch needs a clone
+                src = a[:, slot, :, first:first + j - i]
                 a[:, slot, :, dst + i:dst + j] = src if self._np_all is not None else src.clone()
-            i = j
 
     def move_slot(self, src: int, dst: int, count: int) -> None:
         """Slot ``dst``'s rows [0, count) = slot ``src``'s (a finished sequence's slot refilled by the last one)."""

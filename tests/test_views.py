@@ -102,3 +102,12 @@ def test_ort_graph_runs_on_buffer_views(tmp_path):
     xs.take((3,))[:] = -1
     g.run({"x": xs.view((3,)), "y": ys.view((3,))}, {"z": zv._replace(shape=(3,))})
     assert out.buffers[0][0].tolist() == [9, 9, 9, 13, 14, 15, 16, 17]
+
+
+def test_row_runs_splits_rows_into_consecutive_runs():
+    """The copies of accepted paths and gathered rows go run by run: (i, j, first) per run of consecutive rows
+    (planted: a run ending one row late merges 5 and 9, one ending early splits a chain)."""
+    from eagle_export.runtime.views import row_runs
+
+    assert row_runs([3, 4, 5, 9, 10, 2]) == [(0, 3, 3), (3, 5, 9), (5, 6, 2)]
+    assert row_runs([7]) == [(0, 1, 7)] and row_runs([]) == []
