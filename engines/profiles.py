@@ -184,11 +184,12 @@ def graph_profiles(manifest: Manifest, graph: str, opts: ResolvedOptions) -> lis
 
 
 def default_trees(manifest: Manifest) -> list:
-    """The trees an artifact drafts with by default: ``tree_defaults`` and the per-batch table's rows that draft."""
+    """The trees an artifact drafts with by default: ``tree_defaults`` and the per-batch table's rows that draft, as
+    the runtime drafts them (``TreeParams.trimmed``: no level that no verify tree reaches)."""
     trees = [manifest.tree_defaults]
     if manifest.batch_trees is not None:
         trees += [r.tree for r in manifest.batch_trees.rows if r.tree is not None]
-    return trees
+    return [t.trimmed() for t in trees]
 
 
 def tree_engine_calls(manifest: Manifest) -> list[tuple[int, int]]:

@@ -207,6 +207,7 @@ class Generator(GraphCalls):
             for t in (tree, *(self.m.batch_trees.trees() if tuned else ())):
                 t.validate(self.m.tree_limits)
                 self.backend.check_tree(t)  # engines may be built for smaller trees
+            tree = tree.trimmed()  # no level grown that no verify tree reaches (TreeParams.trimmed)
         else:
             tree = None
         if sampling is not None:
@@ -386,7 +387,7 @@ class Generator(GraphCalls):
         if tuned is not KEEP:
             for s in slots:
                 if s.req.tuned:
-                    s.base = tuned
+                    s.base = tuned if tuned is None else tuned.trimmed()
         if len(slots) == 1:
             s = slots[0]
             guarded = s.guard is not None and s.base is not None

@@ -301,7 +301,7 @@ class OrtBackend:
             self.shared.index(_load_structure(self._directory / manifest.graphs[C.DRAFT_GRAPH].file))
         self.graphs = {self.target_graph: self._open(self.target_graph)}
         self._tree_calls: list[str] = []  # the cut tree graphs open now, least recently opened first
-        tree = manifest.tree_defaults  # the default tree's call opens now: its first round pays no session load
+        tree = manifest.tree_defaults.trimmed()  # the default tree's call opens now: its first round loads nothing
         if tree.top_k in self.tree_graphs and 1 <= tree.depth <= self.tree_graphs[tree.top_k][1]:
             self._open_tree(C.tree_call(tree.top_k, tree.depth))
             # The step graph opens when first run: where the default tree has a tree graph, a request that drafts

@@ -105,6 +105,26 @@ def _tree_session(art, m, top_k: int, depth: int):
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
+def test_a_tree_deeper_than_its_total_tokens_reach_drafts_only_the_levels_it_verifies(trained):
+    """A chain 1/8/5 verifies at most 5 nodes, so its levels 6-9 are never verified: the runtime drafts it as 1/4/5
+    (TreeParams.trimmed) on both draft paths (the tree graph cut to depth 4, or 4 step-graph levels after the context
+    pass), with the tokens and round-by-round verify trees of 1/4/5 (planted: a runtime that drafts the 8 levels makes
+    9 step-graph calls a round and opens the depth-8 cut)."""
+    art = trained("eagle1")
+    deep, trimmed = TreeParams(1, 8, 5), TreeParams(1, 4, 5)
+    one = EagleRuntime.open(art, threads=1, guard=False)
+    levels = EagleRuntime.open(art, threads=1, draft_tree=False, guard=False)
+    ids = one.encode("def fibonacci(n):")
+    got, got_trees = _rounds(one, ids, 40, deep)
+    want, want_trees = _rounds(levels, ids, 40, trimmed)
+    by_levels, by_levels_trees = _rounds(levels, ids, 40, deep)
+    assert got.tokens == want.tokens == by_levels.tokens and got_trees == want_trees == by_levels_trees
+    assert by_levels.stats.draft_forwards == by_levels.stats.rounds * 5  # the context pass and 4 levels a round
+    assert got.stats.draft_forwards == got.stats.rounds
+    assert C.tree_call(1, 4) in one.backend.graphs and C.tree_call(1, 8) not in one.backend.graphs
+    assert got.stats.tau > 2.5  # a trained head: the chain's deep nodes are accepted, not only the first
+
+
 @pytest.mark.parametrize("top_k, depth", [(4, 3), (4, 8), (1, 5), (2, 1)])
 def test_tree_graph_equals_its_module_and_the_growers_choice(models, top_k, depth):
     """A graph cut to a depth (its full depth: 8) against the eager module traced for that depth, with a frontier

@@ -170,7 +170,8 @@ def test_max_batch_profiles(manifest):
 
 def test_tree_engine_calls_follow_the_default_trees(manifest):
     """One tree engine per top_k among the default trees, at the deepest depth they use: the default tree's alone,
-    then with a per-batch table (a deeper tree of the same top_k, a chain, a row without a draft)."""
+    then with a per-batch table (a deeper tree of the same top_k, a chain, a row without a draft). A depth the tree's
+    total_tokens never reach is not built: the chain 1/3/3 drafts 2 levels (TreeParams.trimmed)."""
     from dataclasses import replace
 
     from eagle_export.tree_params import BatchTree, BatchTrees, TreeParams
@@ -179,7 +180,7 @@ def test_tree_engine_calls_follow_the_default_trees(manifest):
     table = BatchTrees((BatchTree(1, TreeParams(4, 2, 8)), BatchTree(2, TreeParams(4, 3, 12)),
                         BatchTree(3, TreeParams(1, 3, 3)), BatchTree(4, None)))
     m = replace(manifest, tree_defaults=TreeParams(4, 2, 8), batch_trees=table)
-    assert tree_engine_calls(m) == [(1, 3), (4, 3)]
+    assert tree_engine_calls(m) == [(1, 2), (4, 3)]
     # An artifact exported without tree graphs (`export --no-draft-tree`) builds none.
     bare = replace(manifest, graphs={n: g for n, g in manifest.graphs.items() if not C.is_tree_graph(n)})
     assert tree_engine_calls(bare) == []

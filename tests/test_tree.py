@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagle_export.runtime.tree import TreeGrower, VerifyTree
-from eagle_export.tree_params import TreeParams
+from eagle_export.tree_params import TreeParams, candidate_count
 
 ROOT = 99
 
@@ -120,6 +120,44 @@ def test_depth_zero():
     check_tree(g.select(2, ROOT), [ROOT, 4, 5], [-1, 0, 0], [0, 1, 1])
     with pytest.raises(RuntimeError):
         g.add_children(np.zeros((3, 3)) - 1, np.zeros((3, 3), dtype=np.int64))
+
+
+def _grow_random(params: TreeParams, rng: np.random.Generator, logp: np.ndarray) -> TreeGrower:
+    """A tree of ``params`` grown from ``logp`` [levels + 1, k, k + 1] (dyadic log-probs, zeros among them: a child
+    that ties its parent), level by level, with token ids unique per candidate."""
+    g, k = TreeGrower(params), params.top_k
+    g.add_root_children(logp[0, 0], np.arange(k + 1))
+    for level in range(1, params.depth + 1):
+        g.add_children(logp[level, :, :], 100 * level + np.arange(k * (k + 1)).reshape(k, k + 1))
+    return g
+
+
+def test_trimmed_trees_verify_the_same_nodes():
+    """TreeParams.trimmed cuts depth to total_tokens - 1: the levels it drops are never selected, with ties (a child
+    whose log-prob is 0) and with a threshold, so the verify trees are identical (planted: a cut to total_tokens - 2
+    loses the chain's deepest node; selection that took a child before its tied parent would differ too)."""
+    rng = np.random.default_rng(7)
+    assert TreeParams(1, 8, 8).trimmed() == TreeParams(1, 7, 8)
+    assert TreeParams(4, 3, 12).trimmed() == TreeParams(4, 3, 12)
+    assert TreeParams(2, 6, 3, 0.05).trimmed() == TreeParams(2, 2, 3, 0.05)
+    assert TreeParams(3, 2, 1).trimmed() == TreeParams(3, 1, 1)  # not below 1 (the tree graph has no depth 0)
+    assert TreeParams(3, 0, 1).trimmed() == TreeParams(3, 0, 1)
+    cut = 0
+    for _ in range(500):
+        k, depth = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        full = TreeParams(k, depth, int(rng.integers(1, candidate_count(k, depth) + 1)),
+                          float(rng.choice([0.0, 0.05, 0.3])))
+        short = full.trimmed()
+        assert short.validate() and short.total_tokens <= short.max_candidates
+        if short == full:
+            continue
+        cut += 1
+        logp = -rng.integers(0, 6, size=(depth + 1, k, k + 1)) / 4.0  # ties and zeros on purpose
+        a = _grow_random(full, rng, logp).select(full.total_tokens, ROOT, full.threshold)
+        b = _grow_random(short, rng, logp).select(short.total_tokens, ROOT, short.threshold)
+        for name in ("tokens", "parents", "depths", "mask"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=f"{full} -> {short}")
+    assert cut > 100
 
 
 def test_reset_reuses_buffers_and_frontiers_stay_valid():

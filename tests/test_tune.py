@@ -55,10 +55,12 @@ def test_tune_writes_the_winner(art, ids_file):
     out = tune_json(art, ids_file, *GRID, "--min-speedup", 0.01, "--thresholds", 0)
     rows = out["settings"]
     assert out["written"] is True and out["lossless"] is True and out["ranked_by"] == "speedup"
-    assert out["skipped"] == {"total_tokens > top_k + depth*top_k^2": 2}  # (1, 1, 4) and (1, 2, 4)
+    # (1, 1, 4) and (1, 2, 4) cannot run; (1, 2, 2) and (2, 2, 2) verify the trees of depth 1 (TreeParams.trimmed:
+    # a second level is never selected into 2 tokens), so they are not measured again
+    assert out["skipped"] == {"total_tokens > top_k + depth*top_k^2": 2, T.SAME_TREES: 2}
     grid_trees = {(r["tree"]["top_k"], r["tree"]["depth"], r["tree"]["total_tokens"])
                   for r in rows if r["stage"] == "grid"}
-    assert grid_trees == {(1, 1, 2), (1, 2, 2), (2, 1, 2), (2, 1, 4), (2, 2, 2), (2, 2, 4)}
+    assert grid_trees == {(1, 1, 2), (2, 1, 2), (2, 1, 4), (2, 2, 4)}
     assert len(rows) == len({json.dumps(r["tree"], sort_keys=True) for r in rows})  # nothing measured twice
     rt = EagleRuntime.open(art, threads=1, guard=False)  # as tune measured: every round drafts
     confirmed = [r for r in rows if r["confirmed"]]
@@ -104,10 +106,10 @@ def test_tune_writes_the_winner(art, ids_file):
 # of its first pass, then of every later pass. The first pass ranks A > B > D > E = C > F (E and C tie on speedup,
 # E with more EAGLE tok/s); the confirming passes reorder the best three: B (1.45x over its six runs) > D (1.3x)
 # > A (1.0x, one lucky pass), all three still ahead of E and C (1.35x, measured once).
-A, B_, C_, D, E, F = (TreeParams(2, 2, 4), TreeParams(2, 1, 4), TreeParams(1, 2, 2), TreeParams(2, 2, 2),
-                      TreeParams(2, 1, 2), TreeParams(1, 1, 2))
+A, B_, C_, D, E, F, G = (TreeParams(2, 2, 4), TreeParams(2, 1, 4), TreeParams(1, 2, 3), TreeParams(2, 2, 3),
+                         TreeParams(2, 1, 2), TreeParams(1, 1, 2), TreeParams(2, 1, 3))
 FAKE_TOK_S = {A: ((32, 20), (20, 20)), B_: ((30, 20), (29, 20)), D: ((28, 20), (26, 20)),
-              C_: ((27, 20), (27, 20)), E: ((54, 40), (54, 40)), F: ((18, 20), (18, 20))}
+              C_: ((27, 20), (27, 20)), E: ((54, 40), (54, 40)), F: ((18, 20), (18, 20)), G: ((17, 20), (17, 20))}
 
 
 def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, monkeypatch):
@@ -134,20 +136,21 @@ def test_confirm_reranks_the_best_settings_over_all_their_runs(art, ids_file, mo
 
     monkeypatch.setattr(PairedSession, "measure", measure)
     # screen=False: every grid setting measured once on every prompt, so the ranking is the confirmation's alone
-    report = T.tune(art, prompts=ids_file, max_new_tokens=4, top_k="1,2", depth="1,2", total_tokens="2,4",
+    report = T.tune(art, prompts=ids_file, max_new_tokens=4, top_k="1,2", depth="1,2", total_tokens="2-4",
                     threads=1, refine=False, warmup=False, spin=None, confirm=3, screen=False,
                     thresholds="0")  # no threshold stage: the ranking is the grid's and the confirmation's
-    grid = T.Grid.parse("1,2", "1,2", "2,4").settings()
-    grid = [t for t in grid if t.total_tokens <= t.max_candidates]
+    grid = T.Grid.parse("1,2", "1,2", "2-4").settings()  # as trimmed, each once: (1, 2, 2) is (1, 1, 2)
+    grid = list(dict.fromkeys(t.trimmed() for t in grid if t.total_tokens <= t.max_candidates))
+    assert len(grid) == len(FAKE_TOK_S)
     # the confirming passes interleaved, then reversed; last, the winner once more with the guard on (as it will run)
     assert [t for t, _ in calls] == [*grid, A, B_, D, D, B_, A, B_]
     assert guarded == [False] * (len(calls) - 1) + [True]
     assert report.as_run.tree == B_ and report.as_run.speedup == 1.45 and report.as_run.stage == "as run"
     assert [p for _, p in calls][:-1] == [2 * i for i in range(len(calls) - 1)]  # each continues the rotation
-    assert [r.tree for r in report.rows] == [B_, D, A, E, C_, F]
-    assert [r.confirmed for r in report.rows] == [True] * 3 + [False] * 3
-    assert [r.runs for r in report.rows] == [6] * 3 + [2] * 3
-    assert [r.speedup for r in report.rows] == [1.45, 1.3, 1.0, 1.35, 1.35, 0.9]
+    assert [r.tree for r in report.rows] == [B_, D, A, E, C_, F, G]
+    assert [r.confirmed for r in report.rows] == [True] * 3 + [False] * 4
+    assert [r.runs for r in report.rows] == [6] * 3 + [2] * 4
+    assert [r.speedup for r in report.rows] == [1.45, 1.3, 1.0, 1.35, 1.35, 0.9, 0.85]
     assert report.winner.tree == B_ and not report.lossy
 
 
@@ -196,13 +199,17 @@ def test_refinement_around_the_winner(art, ids_file):
                     "--confirm", "0")
     grid = [r for r in out["settings"] if r["stage"] == "grid"]
     refine = [r["tree"] for r in out["settings"] if r["stage"] == "refine"]
-    assert len(grid) == 4
+    # (2, 4, 4) runs, and is measured, as (2, 3, 4): a level-4 node is never among 4 verified ones
+    assert sorted((r["tree"]["depth"], r["tree"]["total_tokens"]) for r in grid) == [(2, 4), (2, 8), (3, 4), (4, 8)]
     best = max(grid, key=lambda r: r["speedup"])["tree"]
-    # one dimension at a time: top_k has one value (nothing); depth 2,4 and total_tokens 4,8 give the midpoint
-    # (3, 6) and, from the lower value, also its half (1, 2)
-    near = {"depth": {2: [1, 3], 4: [3]}, "total_tokens": {4: [2, 6], 8: [6]}}
-    want = [{**best, dim: v} for dim, by in near.items() for v in by[best[dim]]]
-    want = [t for t in want if t["total_tokens"] <= TreeParams(**t).max_candidates]
+    # one dimension at a time: top_k has one value (nothing); depth and total_tokens give the midpoints to their
+    # neighbours in the lists 2,4 and 4,8 (from a trimmed depth 3, (2 + 3) // 2 = 2), and from the lowest also its
+    # half; each as trimmed, and not one measured already
+    near = {"depth": {2: [1, 3], 3: [2], 4: [3]}, "total_tokens": {4: [2, 6], 8: [6]}}
+    want = [TreeParams(**{**best, dim: v}) for dim, by in near.items() for v in by[best[dim]]]
+    done = [TreeParams(**r["tree"]) for r in grid]
+    want = list(dict.fromkeys(t.trimmed() for t in want if t.total_tokens <= t.max_candidates))
+    want = [t.to_dict() for t in want if t not in done]
     def key(t: dict) -> list:
         return sorted(t.items())
 
@@ -304,6 +311,12 @@ def test_admissible_and_parse_list():
     assert T.parse_list("8, 1,2-4,2", "--top-k", 1) == (1, 2, 3, 4, 8)
     assert T.parse_list([3, 0], "--depth", 0) == (0, 3)
     assert T.Grid.parse().to_dict() == {"top_k": [1, 2, 4, 8], "depth": [2, 4, 8], "total_tokens": [4, 8, 16, 32, 60]}
+    # around a trimmed winner (1/8/8 runs as 1/7/8), whose depth is not in the list: its neighbours' midpoints
+    grid = T.Grid((1,), (2, 4, 8), (4, 8))
+    # (depth (4 + 7) // 2 = 5 makes 6 candidates, too few for 8; total_tokens (4 + 8) // 2 = 6 runs as 1/5/6)
+    s.manifest = SimpleNamespace(tree_limits=TreeLimits(4, 8, 12), quantization=None)
+    assert T.refinements(TreeParams(1, 7, 8), grid, set(), s) == [TreeParams(1, 5, 6)]
+    assert T.refinements(TreeParams(1, 7, 8), grid, {TreeParams(1, 5, 6)}, s) == []
     # Where only chains are token-exact (MatMulNBits rounding activations, on ONNX Runtime): branching trees only
     # with inexact_trees, and a narrow default grid (chains and 2-wide trees of 3-6 verify tokens).
     s.manifest = SimpleNamespace(tree_limits=TreeLimits(4, 3, 12),

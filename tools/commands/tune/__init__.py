@@ -194,6 +194,7 @@ class Grid:
         return {"top_k": list(self.top_k), "depth": list(self.depth), "total_tokens": list(self.total_tokens)}
 
 
+SAME_TREES = "the verify trees of a shallower setting: levels below total_tokens are never verified"
 INEXACT = "branching: not token-exact at this artifact's accuracy level (--inexact-trees)"
 
 
@@ -222,22 +223,26 @@ def admissible(tree: TreeParams, session: PairedSession, inexact_trees: bool = F
 def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: PairedSession,
                 inexact_trees: bool = False) -> list[TreeParams]:
     """Stage 2: around BEST, one dimension at a time, the midpoints to its neighbours in the grid's list (and half
-    the smallest value when BEST is on it), valid and not measured yet."""
+    the smallest value when BEST is at or below it), valid and not measured yet (as trimmed: ``TreeParams.trimmed``;
+    BEST's depth may be a trimmed one, between the list's)."""
     out: list[TreeParams] = []
     for name, values, low in (("top_k", grid.top_k, 1), ("depth", grid.depth, 0),
                               ("total_tokens", grid.total_tokens, 1)):
         v = getattr(best, name)
-        i = values.index(v)
+        below, above = [x for x in values if x < v], [x for x in values if x > v]
         cands = []
-        if i > 0:
-            cands.append((values[i - 1] + v) // 2)
+        if below:
+            cands.append((max(below) + v) // 2)
         elif len(values) > 1 and v // 2 >= low:
             cands.append(v // 2)
-        if i + 1 < len(values):
-            cands.append((v + values[i + 1]) // 2)
+        if above:
+            cands.append((v + min(above)) // 2)
         for c in cands:
             t = TreeParams(**{**best.to_dict(), name: c})
-            if c != v and t not in done and t not in out and admissible(t, session, inexact_trees) is None:
+            if c == v or t.total_tokens > t.max_candidates:
+                continue
+            t = t.trimmed()
+            if t not in done and t not in out and admissible(t, session, inexact_trees) is None:
                 out.append(t)
     return out
 
@@ -547,8 +552,10 @@ def tune(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None 
         # Grouped by (top_k, depth): the runtime opens each top_k's tree graph cut to a depth once.
         for t in sorted(grid.settings(), key=lambda t: (t.top_k, t.depth, t.total_tokens)):
             why = admissible(t, s, inexact_trees)
+            if why is None and t.trimmed() in todo:
+                why = SAME_TREES
             if why is None:
-                todo.append(t)
+                todo.append(t.trimmed())  # measured, and written, as the runtime drafts it
             else:
                 skipped[why] += 1
         if not todo:
