@@ -45,6 +45,7 @@ from eagle_export.tree_params import TreeParams
 
 from .accept import Accepted, accept_greedy, accept_sampling
 from .backend import Backend
+from .chain_length import ChainLength, short_of
 from .embedding import TokenEmbedding
 from .graph_calls import GraphCalls, read_block
 from .guard import DEFAULT_POLICY, MIXED, PLAIN, SPEC, Guard, GuardPolicy, RoundCosts
@@ -87,6 +88,11 @@ class Slot:
     read_at: int = 0
     # the runtime's running tau for the request's tree (RoundCosts.prior: tau, variance, rounds; the guard's start)
     prior: tuple[float, float, float] | None = None
+    # a guarded chain's choice between its base chain and a short one (runtime/chain_length.py; None: no choice), and
+    # the base it was made for (a per-batch row may change the base)
+    chain: ChainLength | None = None
+    chain_base: TreeParams | None = None
+    drafted: TreeParams | None = None  # the tree this round's verify tree came from
 
     def __post_init__(self) -> None:
         self.base = self.req.tree  # the tree this slot drafts with when it drafts (a per-batch row may change it)
@@ -397,7 +403,7 @@ class Generator(GraphCalls):
             # The guard may make a drafting request's round plain (its mode, decided after its last round).
             s.guarded = s.guard is not None and s.base is not None
             s.read_at = 0  # a speculative round may change the guard's state: its reads' schedule with it
-            want = None if s.guarded and s.guard.mode == PLAIN else s.base
+            want = None if s.guarded and s.guard.mode == PLAIN else self._spec_tree(s)
             if s.tree != want:
                 self._set_tree(s, want)
             s.leaving = False
@@ -413,6 +419,7 @@ class Generator(GraphCalls):
                 # a device round's verify tree is the tree engine's selection: no tree on the host
                 s.vt = None if s.dev else s.grower.select(s.tree.total_tokens, s.root, s.tree.threshold)
                 s.ready = False
+                s.drafted = s.tree
         spec = [s.grower is not None for s in slots]
         tt = self._verify_on_device(slots) if device else self._verify(slots)
         for b, s in enumerate(slots):
@@ -473,13 +480,53 @@ class Generator(GraphCalls):
             if not s.guarded or s.reason is not None or s.error is not None:
                 continue
             before = s.guard.switches
-            if spec[b]:
-                self.costs.note_tau(s.base, len(s.tokens))
+            committed: float = len(s.tokens)
             # a plain round only counts down (or ends a calibration): no cost figure needed
             ratio = self._cost_ratio(a, s.base, rows) if spec[b] else None
-            nxt = s.guard.after(SPEC if spec[b] else PLAIN, len(s.tokens), ratio)
+            c = s.chain if spec[b] else None
+            if c is not None:
+                measured = self._chain_costs(a, s)
+                if s.drafted != s.base:  # the guard judges the base chain: this round's tokens in its cost's units
+                    ran, base = c.cost(s.drafted, measured), c.cost(s.base, measured)
+                    if ran and base:
+                        committed *= base / ran
+                        if ratio is None:  # the base not run lately: its ratio from the chain that ran
+                            r = self._cost_ratio(a, s.drafted, rows)
+                            ratio = None if r is None else r * base / ran
+            if spec[b]:
+                self.costs.note_tau(s.base, committed)
+            nxt = s.guard.after(SPEC if spec[b] else PLAIN, committed, ratio)
+            if c is not None and not s.guard.calibrating:
+                # the next round's chain, grown at this round's end; a request the guard was leaving that moves to
+                # the other chain is judged afresh on it (Guard.rejudge)
+                t = c.after(s.drafted, len(s.tokens) - 1, measured)
+                if t != s.tree:
+                    if s.guard.switches > before:
+                        nxt = s.guard.rejudge()
+                    if nxt == SPEC:
+                        self._set_tree(s, t)
             s.stats.guard_switches += s.guard.switches - before
             s.leaving = spec[b] and nxt == PLAIN
+
+    def _spec_tree(self, s: Slot) -> TreeParams | None:
+        """The tree slot s drafts with in a speculative round: its base, or for a guarded chain the chain its
+        ``ChainLength`` picked (a backend whose tree engines grow a fixed depth gains nothing from a shorter chain's
+        draft: none there)."""
+        if s.chain_base != s.base:
+            s.chain_base = s.base
+            short = (short_of(s.base, self.guard.chain_short) if s.guard is not None and s.base is not None
+                     and not self._fixed_depth else None)
+            s.chain = None if short is None else ChainLength(s.base, short)
+        return s.base if s.chain is None else s.chain.tree
+
+    def _chain_costs(self, active: int, s: Slot):
+        """A chain's measured round cost, as slot s's ``ChainLength`` reads it: the median wall time of its recent
+        rounds (``RoundCosts.spec_seconds``), or with the guard's pinned ``cost_ratio`` that ratio for the base alone
+        (the short chain's is then modelled from it, ``ChainLength.cost``)."""
+        pinned = self.guard.cost_ratio
+        if pinned is not None:
+            return lambda t, n: pinned if t == s.base else None
+        return lambda t, n: self.costs.spec_seconds(active, t, n)
 
     def _cost_ratio(self, active: int, tree: TreeParams, rows: int) -> float | None:
         """A speculative round's cost in plain rounds, as the guard reads it (None: no fresh plain figure)."""
@@ -498,9 +545,12 @@ class Generator(GraphCalls):
             st = s.stats
             st.spec_flags.append(spec[b])
             if spec[b]:
-                n = s.vt.num_nodes if s.vt is not None else s.tree.total_tokens + 1
+                n = s.vt.num_nodes if s.vt is not None else s.drafted.total_tokens + 1
+                if s.chain is not None and s.drafted == s.chain.short:
+                    st.short_rounds += 1
                 st.spec_rounds += 1
                 st.drafted_tokens += n - 1
+                st.spec_drafts.append(n - 1)
                 st.verified_tokens += n
             else:
                 st.plain_rounds += 1
@@ -510,9 +560,10 @@ class Generator(GraphCalls):
             st.host_s += host
         if len(slots) == 1:  # most rounds (a plain step is ~1 ms on a small model: its host work counts)
             s = slots[0]
-            self.costs.record(1, s.tree if spec[0] else None, wall, s.L)
+            if not spec[0] or s.tree is s.drafted or s.tree is None:  # a chain switch's round: verify and draft differ
+                self.costs.record(1, s.drafted if spec[0] else None, wall, s.L)
             return
-        trees = {s.tree for s, sp in zip(slots, spec, strict=True) if sp}
+        trees = {s.drafted for s, sp in zip(slots, spec, strict=True) if sp}
         key = None if not trees else trees.pop() if len(trees) == 1 else MIXED
         self.costs.record(len(slots), key, wall, max(s.L for s in slots))
 

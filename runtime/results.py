@@ -36,7 +36,10 @@ class GenerationStats:
     target_s: float = 0.0  # target graph time in the rounds
     host_s: float = 0.0  # the rest of the rounds' wall time (tree, acceptance, commit, binding, Python)
     guard_switches: int = 0  # times the guard turned this request's speculation off
+    short_rounds: int = 0  # speculative rounds that drafted the request's short chain (runtime/chain_length.py)
     spec_flags: list[bool] = field(default_factory=list, repr=False)  # per round: did it speculate
+    # per speculative round: the draft tokens its verify tree held (a guarded chain's short rounds hold fewer)
+    spec_drafts: list[int] = field(default_factory=list, repr=False)
 
     @property
     def spec_accept_lengths(self) -> list[int]:
@@ -74,7 +77,7 @@ class GenerationStats:
                 "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
                 "verified_tokens": self.verified_tokens, "acceptance_rate": self.acceptance_rate,
                 "draft_s": self.draft_s, "target_s": self.target_s, "host_s": self.host_s,
-                "guard_switches": self.guard_switches}
+                "guard_switches": self.guard_switches, "short_rounds": self.short_rounds}
 
 
 @dataclass

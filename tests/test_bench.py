@@ -54,7 +54,7 @@ def test_bench_json_fields_and_ranges(gqa, ids_file):
     agg = out["aggregate"]
     assert {"tau", "speedup", "tokens_per_s", "n_alpha", "time_split", "peak_rss_mb", "lossless", "prompts",
             "max_new_tokens", "tree", "mode_share", "spec_tau", "default", "guard"} <= set(agg)
-    assert agg["mode_share"] == {"spec": 1.0, "plain": 0.0} and agg["spec_tau"] == agg["tau"]
+    assert agg["mode_share"] == {"spec": 1.0, "plain": 0.0, "short_chain": 0.0} and agg["spec_tau"] == agg["tau"]
     assert agg["default"] is True and agg["guard"] is False
     assert agg["lossless"] is True
     assert agg["prompts"] == 2 and agg["max_new_tokens"] == 16
@@ -85,6 +85,14 @@ def test_bench_json_fields_and_ranges(gqa, ids_file):
     assert agg["tokens_per_s"] == pytest.approx({"eagle": statistics.median(r["eagle_tok_s"] for r in rows),
                                                  "no_draft": statistics.median(r["no_draft_tok_s"] for r in rows)})
     assert na == n_alpha(acc, 4)
+
+
+def test_n_alpha_counts_a_depth_only_over_rounds_that_drafted_it():
+    """A guarded chain's short rounds (runtime/chain_length.py) draft fewer tokens: a 2-token round that accepted
+    both says nothing of a third (planted: counting it as a miss at depth 3 gives 1/3 there, not 1)."""
+    accepts, drafts = [2, 2, 4, 0], [2, 2, 4, 4]
+    assert n_alpha(accepts, 4, drafts) == [pytest.approx(3 / 4), 1.0, 1.0, 1.0]
+    assert n_alpha(accepts, 4) == [pytest.approx(3 / 4), 1.0, pytest.approx(1 / 3), 1.0]
 
 
 def test_bench_on_the_trained_fixture_reports_its_acceptance(trained, tmp_path):

@@ -88,6 +88,8 @@ class _Run:
     target_s: float  # target graph calls during decode
     spec_rounds: int = 0  # rounds that drafted (the guard, or a no-draft default, may make others plain)
     spec_accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens per drafting round
+    spec_drafts: list[int] = field(default_factory=list)  # draft tokens verified per drafting round
+    short_rounds: int = 0  # drafting rounds of a guarded chain's short chain (runtime/chain_length.py)
 
     @property
     def tok_s(self) -> float:
@@ -181,6 +183,8 @@ class PromptRow:
     spec_rounds: int = 0
     plain_rounds: int = 0
     spec_accept_lengths: list[int] = field(default_factory=list)
+    spec_drafts: list[int] = field(default_factory=list)  # per drafting round, the draft tokens it verified
+    short_rounds: int = 0  # drafting rounds that ran the short chain (runtime/chain_length.py)
 
     @property
     def peer_equal(self) -> bool | None:
@@ -193,7 +197,7 @@ class PromptRow:
              "eagle_decode_s": self.decode_s, "draft_s": self.draft_s, "target_s": self.target_s,
              "host_s": self.host_s, "accept_lengths": list(self.accept_lengths),
              "no_draft_decode_s": self.no_draft_decode_s, "no_draft_target_s": self.no_draft_target_s,
-             "spec_rounds": self.spec_rounds, "plain_rounds": self.plain_rounds}
+             "spec_rounds": self.spec_rounds, "plain_rounds": self.plain_rounds, "short_rounds": self.short_rounds}
         if self.divergence is not None:
             d["divergence"] = self.divergence.to_dict()
         if self.peer_tok_s is not None:
@@ -227,12 +231,16 @@ class PeerSummary:
                 "equal_prompts": self.equal_prompts, "equal": self.equal_prompts == self.prompts}
 
 
-def n_alpha(accept_lengths: list[int], max_depth: int) -> list[float | None]:
-    """For d = 1..max_depth: P(accepted >= d | accepted >= d - 1) over the rounds; None where no round reached d - 1."""
+def n_alpha(accept_lengths: list[int], max_depth: int, drafts: list[int] | None = None) -> list[float | None]:
+    """For d = 1..max_depth: P(accepted >= d | accepted >= d - 1) over the rounds; None where no round reached d - 1.
+    drafts: each round's draft tokens, where rounds differ (a guarded chain's short rounds): a round counts at depth d
+    only if it drafted d tokens or more (a 3-token round that accepted 3 says nothing of a fourth)."""
     out: list[float | None] = []
+    rounds = list(zip(accept_lengths, drafts if drafts is not None else [max_depth] * len(accept_lengths),
+                      strict=True))
     for d in range(1, max_depth + 1):
-        reached = sum(1 for a in accept_lengths if a >= d - 1)
-        out.append(sum(1 for a in accept_lengths if a >= d) / reached if reached else None)
+        reached = sum(1 for a, n in rounds if a >= d - 1 and n >= d)
+        out.append(sum(1 for a, n in rounds if a >= d and n >= d) / reached if reached else None)
     return out
 
 
@@ -277,6 +285,12 @@ class BenchReport:
         total = spec + sum(r.plain_rounds for r in self.rows)
         return spec / total if total else None
 
+    @property
+    def short_share(self) -> float | None:
+        """Share of EAGLE's rounds that drafted a guarded chain's short chain (None: no round)."""
+        total = sum(r.spec_rounds + r.plain_rounds for r in self.rows)
+        return sum(r.short_rounds for r in self.rows) / total if total else None
+
     def to_dict(self) -> dict:
         agg = {"tau": self.tau, "speedup": self.speedup,
                "tokens_per_s": {"eagle": self.eagle_tok_s, "no_draft": self.no_draft_tok_s},
@@ -286,7 +300,7 @@ class BenchReport:
                "max_new_tokens": self.max_new_tokens, "tree": None if self.tree is None else self.tree.to_dict(),
                "default": self.default, "guard": self.guard, "spec_tau": self.spec_tau,
                "mode_share": {"spec": self.spec_share, "plain": None if self.spec_share is None else
-                              1 - self.spec_share},
+                              1 - self.spec_share, "short_chain": self.short_share},
                "backend": self.backend, "threads": self.threads, "greedy": True, "stop_on_eos": self.stop_on_eos,
                "repeats": self.repeats, "artifact": self.artifact, "weights": self.weights}
         if self.peer is not None:
@@ -329,7 +343,9 @@ class BenchReport:
             + (f"; over the drafting rounds {self.spec_tau:.2f}" if self.spec_share not in (None, 1.0) else ""),
             f"acceptance per depth (n-alpha, drafting rounds): {na}",
             "EAGLE's rounds: " + ("none" if self.spec_share is None else
-                                  f"{self.spec_share:.1%} drafted, {1 - self.spec_share:.1%} plain"
+                                  f"{self.spec_share:.1%} drafted"
+                                  + (f" ({self.short_share:.1%} the short chain)" if self.short_share else "")
+                                  + f", {1 - self.spec_share:.1%} plain"
                                   + (" (the speculation guard, docs/runtime.md)" if self.guard and self.tree else "")),
             f"tokens/s (median over {len(self.rows)} prompts): EAGLE {self.eagle_tok_s:.1f}, "
             f"no-draft {self.no_draft_tok_s:.1f}" + (f", {pe.name} {pe.precision} {pe.tok_s:.1f}" if pe else ""),
@@ -374,7 +390,8 @@ def _generate(rt, proxy: TimingBackend, ids: list[int], max_new: int, tree: Tree
     res = stream.result
     s = res.stats
     return _Run(list(res.tokens), s.rounds, list(s.accept_lengths), s.prefill_s, s.decode_s,
-                proxy.draft_seconds, proxy.target_seconds, s.spec_rounds, s.spec_accept_lengths)
+                proxy.draft_seconds, proxy.target_seconds, s.spec_rounds, s.spec_accept_lengths, list(s.spec_drafts),
+                s.short_rounds)
 
 
 def check_run_settings(max_new_tokens, threads, repeats: int = 1) -> None:
@@ -551,7 +568,8 @@ def _row(spec: PromptSpec, ids: list[int], runs: dict[str, list]) -> PromptRow:
         e.decode_s, e.draft_s, e.target_s, max(e.decode_s - e.draft_s - e.target_s, 0.0), list(first.accept_lengths),
         no_draft_decode_s=n.decode_s, no_draft_target_s=n.target_s,
         spec_rounds=sum(x.spec_rounds for x in es), plain_rounds=sum(x.rounds - x.spec_rounds for x in es),
-        spec_accept_lengths=[a for x in es for a in x.spec_accept_lengths])
+        spec_accept_lengths=[a for x in es for a in x.spec_accept_lengths],
+        spec_drafts=[n for x in es for n in x.spec_drafts], short_rounds=sum(x.short_rounds for x in es))
     if "peer" in runs:
         ps = runs["peer"]
         row.peer_tok_s = statistics.median(x.tok_s for x in ps)
@@ -661,7 +679,8 @@ def bench(artifact: str | Path, *, prompts: str | Path | list[PromptSpec] | None
     return BenchReport(
         artifact=str(artifact), backend=backend, threads=threads, max_new_tokens=max_new_tokens, tree=tree, rows=rows,
         tau=tau_of(rows),
-        n_alpha=n_alpha(spec_accepts, 0 if tree is None else tree.depth + 1),
+        n_alpha=n_alpha(spec_accepts, 0 if tree is None else tree.depth + 1,
+                        [n for r in rows for n in r.spec_drafts]),
         eagle_tok_s=statistics.median(r.eagle_tok_s for r in rows),
         no_draft_tok_s=statistics.median(r.no_draft_tok_s for r in rows),
         speedup=statistics.median(r.speedup for r in rows),
