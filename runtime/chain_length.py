@@ -32,11 +32,14 @@ HALF_LIFE = 8.0  # speculative rounds over which a round's weight in the estimat
 TO_SHORT = 0.10  # a switch to the short chain needs this gain, its cost measured
 TO_SHORT_MODELLED = 0.15  # ... its cost modelled
 TO_BASE = 0.02  # a switch back to the base chain needs this gain
+WHOLE = 2  # the short chain accepted whole this many rounds in a row: back to the base, whatever the estimates
 DEEP_PRIOR = 1.0  # pseudo-tokens of the short levels' acceptance in the deep levels' (which decays to it unseen)
 MIN_ROUNDS = 1  # speculative rounds seen before the first switch
+MIN_BASE = 6  # a chain of fewer draft tokens keeps its length (see below)
 TRUSTED = 2  # rounds a chain's measured cost must be the median of to be used once the request left that chain
 MODEL_FIXED = 0.5  # an unmeasured chain's cost: this share of the other chain's, plus the rest scaled by draft tokens
 P_MAX = 0.999  # p is kept below 1 (a chain that accepted everything so far)
+DECAY = 0.5 ** (1.0 / HALF_LIFE)
 
 
 def chain(total_tokens: int) -> TreeParams:
@@ -46,8 +49,8 @@ def chain(total_tokens: int) -> TreeParams:
 
 def short_of(base: TreeParams, fraction: float) -> TreeParams | None:
     """The short alternative of a chain ``base``: ``fraction`` of its total_tokens, rounded, at least 1; None where
-    there is none (not a chain, a threshold, or no shorter chain)."""
-    if base.top_k != 1 or base.threshold or fraction <= 0:
+    there is none (not a chain, a threshold, shorter than ``MIN_BASE``, or no shorter chain)."""
+    if base.top_k != 1 or base.threshold or fraction <= 0 or base.total_tokens < MIN_BASE:
         return None
     n = max(1, round(base.total_tokens * fraction))
     return chain(n) if n < base.total_tokens else None
@@ -83,6 +86,7 @@ class ChainLength:
     deep_misses: float = 0.0  # decayed rejections past the short chain's end (base rounds)
     seen: int = 0  # speculative rounds seen
     switches: int = 0  # times the chain changed
+    whole: int = 0  # the short chain's latest rounds in a row that accepted it whole
 
     def __post_init__(self) -> None:
         self.tree = self.base
@@ -115,15 +119,23 @@ class ChainLength:
         """One speculative round that drafted chain ``ran`` and accepted ``accepted`` of its draft tokens;
         ``measured(t, n)``: chain t's measured round cost, in any unit common to both chains, if the median of at
         least n rounds (None: not so measured). Returns the next round's chain."""
-        decay = 0.5 ** (1.0 / HALF_LIFE)
-        ts, tb = self.short.total_tokens, self.base.total_tokens
+        decay, ts = DECAY, self.short.total_tokens
+        on_base = ran == self.base
         self.rounds = self.rounds * decay + 1.0
         self.upto = self.upto * decay + min(accepted, ts)
         self.reached = self.reached * decay + (accepted >= ts)
-        deep = ran == self.base and accepted >= ts
+        deep = on_base and accepted >= ts
         self.deep_hits = self.deep_hits * decay + (accepted - ts if deep else 0)
-        self.deep_misses = self.deep_misses * decay + (deep and accepted < tb)
+        self.deep_misses = self.deep_misses * decay + (deep and accepted < self.base.total_tokens)
         self.seen += 1
+        if deep and self.tree is self.base:  # past the short chain's end: no reason to leave the base now
+            self.whole = 0
+            return self.tree
+        self.whole = self.whole + 1 if not on_base and accepted >= ts else 0
+        if self.whole >= WHOLE and self.tree is self.short:  # the text turned draftable: the estimates lag behind
+            self.tree, self.whole = self.base, 0
+            self.switches += 1
+            return self.tree
         if self.seen < MIN_ROUNDS:
             return self.tree
         other = self.short if self.tree == self.base else self.base

@@ -297,10 +297,13 @@ class _Recent:
     at: int  # committed rows (of the longest sequence) when last updated
     n: int  # RoundCosts.rounds when last updated
     count: int = 1  # rounds ever pushed
+    median: float | None = None  # ``value``, kept until the next push
 
     @property
     def value(self) -> float:
-        return statistics.median(self.times)
+        if self.median is None:
+            self.median = statistics.median(self.times)
+        return self.median
 
 
 class RoundCosts:
@@ -383,6 +386,7 @@ class RoundCosts:
         del old.times[:-self.WINDOW]
         old.at, old.n = rows, self.rounds
         old.count += 1
+        old.median = None
 
     def read_ratio(self, active: int) -> float | None:
         """A shadow read's cost in plain rounds at this many sequences (None: either unmeasured)."""
@@ -411,17 +415,19 @@ class RoundCosts:
         return s.value / p.value
 
     def spec_seconds(self, active: int, tree, samples: int = 1) -> float | None:
-        """The median wall time of the recent speculative rounds of ``tree`` at this many sequences, the runtime's first
-        one of them left out (None: fewer than ``samples`` of them, or not updated within its horizon, as ``ratio``
-        would drop it): what a request's chain length compares (runtime/chain_length.py), with no plain figure needed.
-        The first round on a session is slow (9.6 ms against 2.6 ms later, the 6-layer pair's 8-token chain); a chain
-        a request left on such a figure was never run, so never measured, again."""
-        key = (active, tree)
-        s = self._spec.get(key)
-        if s is None or self.rounds - s.n > self._horizon.get(key, self.SPEC_STALE):
+        """The median wall time of the last speculative rounds of ``tree`` at this many sequences, the runtime's first
+        one of them left out (None: fewer than ``samples`` of them): what a request's chain length compares
+        (runtime/chain_length.py), with no plain figure needed. The first round on a session is slow (9.6 ms against
+        2.6 ms later, the 6-layer pair's 8-token chain). No horizon, unlike ``ratio``'s: a chain's time against
+        another's moves little, and an old figure of the short chain that made it look dear keeps requests on the
+        tuned chain (dropped every 128 rounds, it sent the demo's paying requests to try the short chain again and
+        again: 3.7% of their speed)."""
+        s = self._spec.get((active, tree))
+        if s is None:
             return None
-        times = s.times[1:] if s.count == len(s.times) else s.times
-        return statistics.median(times) if len(times) >= samples else None
+        if s.count == len(s.times):  # the first round is still among them
+            return statistics.median(s.times[1:]) if len(s.times) > samples else None
+        return s.value if len(s.times) >= samples else None
 
     def stale(self, active: int, rows: int) -> bool:
         """Has the plain figure at this many sequences been measured at a much shorter length, or while the runtime

@@ -398,8 +398,9 @@ def _usage(job, choices: list[ChoiceText]) -> dict:
             "total_tokens": job.prompt_tokens + completion}
 
 
+# the speculation metrics the extension adds up over the choices
 SUMMED = ("spec_rounds", "plain_rounds", "drafted_tokens", "accepted_tokens", "verified_tokens", "draft_s",
-          "target_s", "host_s", "guard_switches")  # the speculation metrics the extension adds up over the choices
+          "target_s", "host_s", "guard_switches", "short_rounds")
 
 
 def _eagle(job, choices: list[ChoiceText]) -> dict:
