@@ -125,3 +125,28 @@ def test_the_runtime_drafts_the_chosen_chain_and_stays_lossless(fixture_runtimes
         assert ref.stats.short_rounds == 0
         shorts += st.short_rounds
     assert shorts > 0
+
+
+def test_batched_rounds_mix_both_chains_and_stay_lossless(tmp_path):
+    """Two sequences a round, one on the short chain and one on the base in the same rounds (one tree graph call cut to
+    the deeper chain: the short one reads its first levels): every request's tokens are its plain decoding's, and
+    both chains ran (planted: a short slot loading the deeper call's candidates as its own fails the tokens or the
+    grower's check)."""
+    from eagle_export.export.exporter import ExportOptions, export_artifact
+    from eagle_export.tools.commands.demo import FIXTURE, fixture_tree
+
+    art = export_artifact(FIXTURE / "target", FIXTURE / "eagle1", tmp_path / "fx",
+                          ExportOptions(max_seq_len=128, tree=fixture_tree("eagle1"), max_batch=2), progress=False)
+    rt = EagleRuntime.open(art, threads=1, max_batch=2, guard=GuardPolicy(cost_ratio=3.0))
+    alone = EagleRuntime.open(art, threads=1, guard=False)
+    rng = np.random.default_rng(11)
+    prompts = [rt.encode("def fibonacci(n):"), rng.integers(3, 2000, 30).tolist(),
+               rt.encode("import numpy as np\n\ndef softmax(x):"), rng.integers(3, 2000, 17).tolist()]
+    streams = [rt.submit(prompt_ids=p, max_new_tokens=40, stop_on_eos=False, tree=TreeParams(1, 6, 6)) for p in prompts]
+    results = [s.wait(timeout=300) for s in streams]
+    for p, r in zip(prompts, results, strict=True):
+        assert r.tokens == alone.generate(prompt_ids=p, max_new_tokens=40, stop_on_eos=False, use_draft=False).tokens
+        assert r.stats.drafted_tokens == 2 * r.stats.short_rounds + 6 * (r.stats.spec_rounds - r.stats.short_rounds)
+    assert max(rt.scheduler.active_per_round) == 2
+    assert sum(r.stats.short_rounds for r in results) > 0
+    assert sum(r.stats.spec_rounds - r.stats.short_rounds for r in results) > 0
