@@ -128,7 +128,7 @@ class ChainLength:
         self.deep_hits = self.deep_hits * decay + (accepted - ts if deep else 0)
         self.deep_misses = self.deep_misses * decay + (deep and accepted < self.base.total_tokens)
         self.seen += 1
-        if deep and self.tree is self.base:  # past the short chain's end: no reason to leave the base now
+        if accepted > ts and self.tree is self.base:  # past the short chain's end: no reason to leave the base now
             self.whole = 0
             return self.tree
         self.whole = self.whole + 1 if not on_base and accepted >= ts else 0
