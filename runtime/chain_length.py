@@ -44,7 +44,7 @@ DECAY = 0.5 ** (1.0 / HALF_LIFE)
 
 def chain(total_tokens: int) -> TreeParams:
     """The chain of ``total_tokens`` draft tokens as the runtime drafts it (``TreeParams.trimmed``)."""
-    return TreeParams(1, max(total_tokens - 1, 1), total_tokens)
+    return TreeParams(1, total_tokens, total_tokens).trimmed()
 
 
 def short_of(base: TreeParams, fraction: float) -> TreeParams | None:
@@ -108,12 +108,18 @@ class ChainLength:
         (``MODEL_FIXED``); None: neither measured. The chain the request drafts now is measured from one round on (its
         next rounds refresh the figure); the other from ``TRUSTED`` on (one noisy round does not keep a request off
         a chain it no longer runs, and so no longer measures)."""
+        return self._cost(t, measured)[0]
+
+    def _cost(self, t: TreeParams, measured: Measured) -> tuple[float | None, bool]:
+        """(``cost``, whether that cost was measured rather than modelled)."""
         m = measured(t, 1 if t == self.tree else TRUSTED)
         if m is not None:
-            return m
+            return m, True
         other = self.short if t == self.base else self.base
         o = measured(other, 1 if other == self.tree else TRUSTED)
-        return None if o is None else o * (MODEL_FIXED + (1.0 - MODEL_FIXED) * t.total_tokens / other.total_tokens)
+        if o is None:
+            return None, False
+        return o * (MODEL_FIXED + (1.0 - MODEL_FIXED) * t.total_tokens / other.total_tokens), False
 
     def after(self, ran: TreeParams, accepted: int, measured: Measured) -> TreeParams:
         """One speculative round that drafted chain ``ran`` and accepted ``accepted`` of its draft tokens;
@@ -139,11 +145,11 @@ class ChainLength:
         if self.seen < MIN_ROUNDS:
             return self.tree
         other = self.short if self.tree == self.base else self.base
-        here, there = self.cost(self.tree, measured), self.cost(other, measured)
+        here, (there, known) = self.cost(self.tree, measured), self._cost(other, measured)
         if here is None or there is None or here <= 0 or there <= 0:
             return self.tree
         gain = (self.tokens(other) / there) / (self.tokens(self.tree) / here)
-        margin = TO_BASE if other == self.base else TO_SHORT if measured(other, TRUSTED) else TO_SHORT_MODELLED
+        margin = TO_BASE if other == self.base else TO_SHORT if known else TO_SHORT_MODELLED
         if gain > 1.0 + margin:
             self.tree = other
             self.switches += 1

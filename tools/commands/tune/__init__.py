@@ -238,10 +238,9 @@ def refinements(best: TreeParams, grid: Grid, done: set[TreeParams], session: Pa
         if above:
             cands.append((v + min(above)) // 2)
         for c in cands:
-            t = TreeParams(**{**best.to_dict(), name: c})
-            if c == v or t.total_tokens > t.max_candidates:
+            if c == v:
                 continue
-            t = t.trimmed()
+            t = TreeParams(**{**best.to_dict(), name: c}).trimmed()  # a tree too small stays so (admissible says)
             if t not in done and t not in out and admissible(t, session, inexact_trees) is None:
                 out.append(t)
     return out
