@@ -324,7 +324,11 @@ class RoundCosts:
     rounds ever more rarely: with a fixed horizon a head trained for another target, on a shallow target, cost 128-token
     requests 7% (every other request speculated for the 3 rounds it takes to judge, 0.90x plain decoding)."""
 
-    WINDOW = 9  # rounds of each kind the median is over
+    # Rounds of each kind the median is over. A slow moment on a shared CPU lasts a request or two (on a 2-vCPU AMD
+    # EPYC the same tree's ratio moved 1.95-4.5 from one request to the next): over 9 rounds a median measured inside
+    # one made the guard run whole requests of a paying draft plain (EAGLE-3 27 of 90 bench-like requests with a
+    # process spinning a core at random beside it, 6 of 90 over 33 rounds; docs/runtime.md, "The speculation guard").
+    WINDOW = 33
     SPEC_STALE = 128  # rounds (of any kind) after which a speculative figure not updated since is dropped (at first)
     SPEC_STALE_MAX = 16 * SPEC_STALE  # the longest that horizon grows
     CONFIRMED = 0.8  # a figure measured afresh at this fraction of the dropped one or more confirms it

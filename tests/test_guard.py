@@ -254,6 +254,24 @@ def test_a_slow_round_does_not_move_the_ratio():
     assert c.ratio(1, tree) == pytest.approx(6.0)
 
 
+def test_a_slow_request_does_not_move_the_ratio():
+    """A slow moment as long as one request's speculative rounds (12 rounds at 3x, as on a shared 2-vCPU machine)
+    leaves the ratio where the rounds before it put it: over a window of 9 it read 9 plain steps, and every request
+    after it started plain. Once the rounds stay slower for half a window, the figure follows."""
+    c = RoundCosts()
+    tree = TreeParams(2, 4, 12)
+    for _ in range(RoundCosts.WINDOW):
+        c.record(1, None, 0.001, 10)
+        c.record(1, tree, 0.003, 10)
+    for _ in range(12):
+        c.record(1, tree, 0.009, 10)
+    assert c.ratio(1, tree) == pytest.approx(3.0)
+    assert c.spec_seconds(1, tree) == pytest.approx(0.003)
+    for _ in range(RoundCosts.WINDOW // 2 - 12 + 1):
+        c.record(1, tree, 0.009, 10)
+    assert c.ratio(1, tree) == pytest.approx(9.0)
+
+
 def test_a_stale_speculative_figure_does_not_keep_requests_plain():
     """A runtime whose first speculative rounds ran in a slow moment (9 plain steps a round) switches its request
     off, and its prior says speculation loses; once no speculative round has refreshed that figure for SPEC_STALE
