@@ -326,8 +326,8 @@ class RoundCosts:
 
     # Rounds of each kind the median is over. A slow moment on a shared CPU lasts a request or two (on a 2-vCPU AMD
     # EPYC the same tree's ratio moved 1.95-4.5 from one request to the next): over 9 rounds a median measured inside
-    # one made the guard run whole requests of a paying draft plain (EAGLE-3 27 of 90 bench-like requests with a
-    # process spinning a core at random beside it, 6 of 90 over 33 rounds; docs/runtime.md, "The speculation guard").
+    # one made the guard run whole requests of a paying draft plain (EAGLE-3 22 of 90 bench-like requests with a
+    # process spinning a core at random beside it, 5 of 90 over 33 rounds: tools/lab/guard_noise_ab.py --spinner).
     WINDOW = 33
     SPEC_STALE = 128  # rounds (of any kind) after which a speculative figure not updated since is dropped (at first)
     SPEC_STALE_MAX = 16 * SPEC_STALE  # the longest that horizon grows
