@@ -9,14 +9,13 @@ counted. ``--spinner`` starts a process beside it that spins one core for 50-300
 shared machine's slow moments, which on a 2-vCPU VM can last a whole request). Every EAGLE output must equal its twin's
 (it stops with an error otherwise). Prints per window: the geomean of the per-prompt median speeds over plain decoding,
 the geomean over every request, and the requests that ran mostly plain (fewer than half their rounds drafted) among
-the prompts whose draft pays (``--paying``, 1-based; default all). The figures of docs/runtime.md ("The speculation
-guard", the window of 33 rounds) come from it. A program that prints figures, not a test.
+the prompts whose draft pays (``--paying``, 1-based; default 1,3,4: the built-in prompts whose draft pays on the
+fixture). The figures of docs/runtime.md ("The speculation guard", the window of 33 rounds) come from it. A program
+that prints figures, not a test.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import multiprocessing as mp
 import random
 import statistics
@@ -24,14 +23,10 @@ import time
 from pathlib import Path
 
 import click
+from chain_ab import geomean, read_prompts
 
 from eagle_export.runtime import EagleRuntime
-
-BUILTIN = ["The quick brown fox", "def main():", "Once upon a time", "import numpy as np"]  # bench's built-in prompts
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(map(math.log, xs)) / len(xs))
+from eagle_export.tools.commands.bench import TEXT_PROMPTS  # bench's built-in prompts
 
 
 def spin_at_random(seed: int) -> None:
@@ -50,6 +45,7 @@ def spin_at_random(seed: int) -> None:
               help="RoundCosts.WINDOW of one runtime (repeat for several).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="JSON lines of {\"prompt\": TEXT} (default: bench's four built-in prompts).")
+@click.option("--count", default=12, show_default=True, help="How many of --prompts' prompts.")
 @click.option("--paying", default="1,3,4", show_default=True,
               help="Prompts (1-based) whose draft pays: their mostly-plain requests are counted.")
 @click.option("--passes", default=30, show_default=True, help="Counted passes (after one warm-up pass).")
@@ -57,10 +53,9 @@ def spin_at_random(seed: int) -> None:
 @click.option("--threads", default=2, show_default=True)
 @click.option("--spinner/--no-spinner", default=False, show_default=True,
               help="A process beside it spinning one core at random moments.")
-def main(artifact: Path, windows: tuple[int, ...], prompts_file: Path | None, paying: str, passes: int,
-         max_new_tokens: int, threads: int, spinner: bool) -> None:
-    texts = (BUILTIN if prompts_file is None else
-             [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()])
+def main(artifact: Path, windows: tuple[int, ...], prompts_file: Path | None, count: int, paying: str,
+         passes: int, max_new_tokens: int, threads: int, spinner: bool) -> None:
+    texts = TEXT_PROMPTS if prompts_file is None else read_prompts(prompts_file, count)
     pays = {int(i) - 1 for i in paying.split(",") if i.strip()} & set(range(len(texts)))
     rts = {}
     for w in windows:
