@@ -15,8 +15,9 @@ binding); and each decoder's paired median ratio to the minimal loop (round by r
 round). What ours spends beyond the loop is what the runtime's machinery costs a plain step.
 
 ``--only NAME --requests N`` runs one decoder alone for N requests after a warm one and prints only its figures:
-run it twice under ``valgrind --tool=callgrind`` (``--spin off``, N and N + k requests) and the difference counts
-the instructions of k requests, which no neighbour's load can move. A program that prints figures, not a test.
+run it twice under ``valgrind --tool=callgrind`` (``--threads 1 --spin off``, N and N + k requests) and the
+difference counts the instructions of k requests, which no neighbour's load can move. One thread: valgrind runs a
+process's threads one at a time, so a thread waiting for another's share of a call spins and counts instructions. A program that prints figures, not a test.
 """
 
 from __future__ import annotations
