@@ -17,7 +17,8 @@ round). What ours spends beyond the loop is what the runtime's machinery costs a
 ``--only NAME --requests N`` runs one decoder alone for N requests after a warm one and prints only its figures:
 run it twice under ``valgrind --tool=callgrind`` (``--threads 1 --spin off``, N and N + k requests) and the
 difference counts the instructions of k requests, which no neighbour's load can move. One thread: valgrind runs a
-process's threads one at a time, so a thread waiting for another's share of a call spins and counts instructions. A program that prints figures, not a test.
+process's threads one at a time, so a thread waiting for another's share of a call spins and counts instructions.
+A program that prints figures, not a test.
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ from eagle_export.dtypes import DTYPES
 from eagle_export.manifest import load_manifest
 
 DECODERS = ("loop", "ours", "peer", "peerloop")
+
+
+def timed_run(s, b, run_s: list[float]) -> None:
+    """One run of session ``s`` on binding ``b``, its seconds appended to ``run_s``."""
+    t0 = time.perf_counter()
+    s.run_with_iobinding(b)
+    run_s.append(time.perf_counter() - t0)
+
+
+def greedy_steps(s, b, run_s: list[float], tok: int, L: int, tokens: int, step_inputs, logits: np.ndarray) -> list[int]:
+    """The one-token steps after a prefill that gave ``tok`` over ``L`` rows: ``step_inputs(tok, L)`` writes and
+    binds a step's inputs, and the next token is the argmax of ``logits[0, 0]``. ``tokens`` tokens in all."""
+    out = [tok]
+    for _ in range(tokens - 1):
+        step_inputs(tok, L)
+        timed_run(s, b, run_s)
+        tok, L = int(logits[0, 0].argmax()), L + 1
+        out.append(tok)
+    return out
 
 
 def minimal_loop(directory: Path, threads: int, spin: str, prompt: list[int], tokens: int):
@@ -65,7 +85,10 @@ def minimal_loop(directory: Path, threads: int, spin: str, prompt: list[int], to
     mask = np.ones((1, 1, cap), np.bool_)
     logits, feats = np.zeros((1, 1, t.vocab_size), np.float32), np.zeros((1, n, t.feature_dim), dt)
     run_s: list[float] = []
-    run, pc = s.run_with_iobinding, time.perf_counter
+
+    def step_inputs(tok: int, L: int) -> None:
+        ids[0, 0], pos[0, 0] = tok, L
+        b.bind_cpu_input(C.ATTENTION_MASK, mask[:, :, :L + 1])
 
     def decode() -> list[int]:
         ids[0, :n], pos[0, :n], lidx[0, 0] = prompt, np.arange(n), n - 1
@@ -75,24 +98,13 @@ def minimal_loop(directory: Path, threads: int, spin: str, prompt: list[int], to
         b.bind_cpu_input(C.LOGIT_INDICES, lidx[:, :1])
         b.bind_output(C.LOGITS, "cpu", 0, np.float32, [1, 1, t.vocab_size], logits.ctypes.data)
         b.bind_output(C.FEATURES, "cpu", 0, dt, [1, n, t.feature_dim], feats.ctypes.data)
-        t0 = pc()
-        run(b)
-        run_s.append(pc() - t0)
-        tok, L = int(logits[0, 0].argmax()), n
-        out = [tok]
+        timed_run(s, b, run_s)
+        tok = int(logits[0, 0].argmax())
         b.bind_cpu_input(C.INPUT_IDS, ids[:, :1])
         b.bind_cpu_input(C.POSITION_IDS, pos[:, :1])
         lidx[0, 0] = 0
         b.bind_output(C.FEATURES, "cpu", 0, dt, [1, 1, t.feature_dim], feats.ctypes.data)
-        for _ in range(tokens - 1):
-            ids[0, 0], pos[0, 0] = tok, L
-            b.bind_cpu_input(C.ATTENTION_MASK, mask[:, :, :L + 1])
-            t0 = pc()
-            run(b)
-            run_s.append(pc() - t0)
-            tok, L = int(logits[0, 0].argmax()), L + 1
-            out.append(tok)
-        return out
+        return greedy_steps(s, b, run_s, tok, n, tokens, step_inputs, logits)
 
     return decode, run_s
 
@@ -120,29 +132,21 @@ def peer_loop(peer_dir: Path, threads: int, spin: str, prompt: list[int], tokens
     ids, ones = np.zeros((1, n), np.int64), np.ones((1, cap), np.int64)
     logits = np.zeros((1, n, vocab), np.float32)
     run_s: list[float] = []
-    run, pc = s.run_with_iobinding, time.perf_counter
+
+    def step_inputs(tok: int, L: int) -> None:
+        ids[0, 0] = tok
+        b.bind_cpu_input("attention_mask", ones[:, :L + 1])
 
     def decode() -> list[int]:
         ids[0, :n] = prompt
         b.bind_cpu_input("input_ids", ids[:, :n])
         b.bind_cpu_input("attention_mask", ones[:, :n])
         b.bind_output("logits", "cpu", 0, np.float32, [1, n, vocab], logits.ctypes.data)
-        t0 = pc()
-        run(b)
-        run_s.append(pc() - t0)
-        tok, L = int(logits[0, n - 1].argmax()), n
-        out = [tok]
+        timed_run(s, b, run_s)
+        tok = int(logits[0, n - 1].argmax())
         b.bind_cpu_input("input_ids", ids[:, :1])
         b.bind_output("logits", "cpu", 0, np.float32, [1, 1, vocab], logits.ctypes.data)
-        for _ in range(tokens - 1):
-            ids[0, 0] = tok
-            b.bind_cpu_input("attention_mask", ones[:, :L + 1])
-            t0 = pc()
-            run(b)
-            run_s.append(pc() - t0)
-            tok, L = int(logits[0, 0].argmax()), L + 1
-            out.append(tok)
-        return out
+        return greedy_steps(s, b, run_s, tok, n, tokens, step_inputs, logits)
 
     return decode, run_s
 
