@@ -637,7 +637,7 @@ def tune_cmd(artifact, prompts_file, max_new_tokens, top_k, depth, total_tokens,
         if written:
             w = report.winner.tree
             click.echo(f"wrote tree_defaults {w.label} into {Path(artifact) / 'manifest.json'}"
-                       + (f", and the spin policy {report.spin}" if report.spin else ""))
+                       + (f", and the spin policy {report.recorded_spin}" if report.recorded_spin else ""))
             if report.batch_table is not None:
                 click.echo(f"wrote batch_trees ({len(report.batch_table.rows)} rows) into "
                            f"{Path(artifact) / 'manifest.json'}")

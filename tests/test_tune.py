@@ -17,6 +17,7 @@ from eagle_export.errors import GenerationError
 from eagle_export.manifest import MANIFEST_NAME, Manifest, TunedInfo, load_manifest
 from eagle_export.runtime import EagleRuntime
 from eagle_export.tools.commands import tune as T
+from eagle_export.tools.commands.tune.batch import Candidate, SizeRow
 from eagle_export.tree_params import TreeLimits, TreeParams
 
 P12 = [(7 * i + 3) % 48 for i in range(12)]  # ids valid in the 48-token fixtures
@@ -164,9 +165,12 @@ def test_spin_stage_picks_the_fastest_policy_and_the_runtime_defaults_to_it(art,
     assert all(r["lossless"] and r["runs"] == 4 for r in stage)  # 2 prompts x 2 passes (order reversed on the 2nd)
     best = max(stage, key=lambda r: r["eagle_tok_s"])
     assert out["spin"] == best["spin"] == stage[0]["spin"]
+    plain = max(stage, key=lambda r: r["no_draft_tok_s"])  # what the record keeps where nothing drafts by default
+    nothing_drafts = out["no_draft"] and all(row["choice"]["tree"] is None for row in out["batch"])
+    assert out["recorded_spin"] == (plain["spin"] if nothing_drafts else out["spin"])
     m = load_manifest(art)
-    assert m.tuned.spin == out["spin"]
-    assert EagleRuntime.open(art, threads=1).backend.spin == out["spin"]
+    assert m.tuned.spin == out["recorded_spin"]
+    assert EagleRuntime.open(art, threads=1).backend.spin == out["recorded_spin"]
     assert EagleRuntime.open(art, threads=1, spin="on").backend.spin == "on"  # an explicit policy wins
     out = tune_json(art, ids_file, "--top-k", 1, "--depth", 1, "--total-tokens", 2, "--no-refine", "--spin",
                     "target=on,draft=run")
@@ -292,6 +296,30 @@ def test_write_winner_refuses_a_lossy_report(art):
     report.spin_rows = [T.SpinRow("run", 30.0, 20.0, True, 4)]
     m = T.write_winner(art, report)
     assert m.tree_defaults == TreeParams(1, 1, 2) and m.tuned.spin == "run"
+
+
+def test_a_plain_default_records_the_spin_policy_fastest_for_plain_decoding(art):
+    """Where no tree pays at any batch size measured, the record keeps the spin stage's policy with the most no-draft
+    tokens/s (the runtime then decodes plainly by default), not the one with the most EAGLE tokens/s that the stages
+    ran with; where a tree pays, for one sequence or at some N, it keeps the stages' policy."""
+    eagle_best = T.SpinRow("target=run,draft=off", 30.0, 20.0, True, 4)
+    plain_best = T.SpinRow("target=on,draft=off", 25.0, 24.0, True, 4)
+    lossy = T.SpinRow("off", 10.0, 99.0, False, 4)  # never kept
+    flat = T.SettingRow(TreeParams(1, 1, 2), "grid", 1.0, 20.0, 20.0, 1.0, True, 2)  # below MIN_SPEEDUP: no draft
+    report = T.TuneReport(str(art), "ort", "cpu", 1, 4, 1, 2, T.Grid(), True, [flat], {}, TreeParams(),
+                          spin_rows=[eagle_best, plain_best, lossy], spin=eagle_best.spin)
+    assert report.no_draft and report.recorded_spin == plain_best.spin
+    report.spin_rows = [eagle_best, plain_best]
+    m = T.write_winner(art, report)
+    assert m.tuned.spin == plain_best.spin and m.batch_trees.pick(1) is None
+    assert "fastest for plain decoding" in report.format()
+    pays_at_2 = SizeRow(2, 4, [Candidate(TreeParams(1, 1, 2), 1.5, 30.0, 20.0, 1.5, True)], min_speedup=1.05)
+    report.batch = [pays_at_2]
+    assert report.recorded_spin == eagle_best.spin
+    report.batch = []
+    report.rows = [T.SettingRow(TreeParams(1, 1, 2), "grid", 1.5, 30.0, 20.0, 1.5, True, 2)]
+    assert not report.no_draft and report.recorded_spin == eagle_best.spin
+    assert T.write_winner(art, report).tuned.spin == eagle_best.spin
 
 
 def test_admissible_and_parse_list():

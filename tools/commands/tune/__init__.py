@@ -44,7 +44,9 @@ Before them, on ONNX Runtime, a spin stage (``spin="auto"``, the default) picks 
 (``SPIN_CANDIDATES``; docs/runtime.md, Threading): the artifact's current default tree with each policy, one runtime
 per policy opened in turn (a session's policy is fixed when it is made), the order reversed on every other repeat,
 ranked by EAGLE tokens/s. Which policy wins depends on the CPU (measured in docs/runtime.md), so it is measured, used
-for the stages after it, and written into the ``tuned`` record, where the runtime reads its default.
+for the stages after it, and written into the ``tuned`` record, where the runtime reads its default. Where the verdict
+is no draft at every batch size measured, the record keeps instead the policy with the most no-draft tokens/s in that
+stage (``TuneReport.recorded_spin``): the artifact then decodes plainly by default.
 
 With ``batch_sizes`` (the command's ``--batch-sizes``, default 1, 2, 4, ... up to the artifact's --max-batch), a
 third stage measures, at each number of concurrent sequences N >= 2, a ladder of the best tree of each size against
@@ -100,9 +102,12 @@ RANKED_BY = "speedup"
 ValuesArg = str | Sequence[int]  # "1,2,4", "2-8", or ints
 
 
-# The spin stage's candidates: the runtime's per-phase default, spin while every call runs, never spin. ("on", spinning
-# on after a call returns, makes the draft's and the target's threads compete with each other and with the host.)
-SPIN_CANDIDATES = ("target=run,draft=off", "run", "off")
+# The spin stage's candidates: the runtime's per-phase default, spin while every call runs, never spin, and the
+# target's threads spinning on after its calls. That last one loses EAGLE rounds (the draft's threads compete with the
+# target's spinning ones) but can win plain decoding, whose target calls follow each other with only the host's work
+# between them: where the verdict is no draft at every batch size, the record keeps the policy fastest for plain
+# decoding (``TuneReport.recorded_spin``).
+SPIN_CANDIDATES = ("target=run,draft=off", "run", "off", "target=on,draft=off")
 
 
 # Extra passes over the prompts for each of the best settings (``confirm``), after the grid and the refinement.
@@ -385,6 +390,21 @@ class TuneReport:
         return w is None or w.speedup < self.min_speedup
 
     @property
+    def plain_everywhere(self) -> bool:
+        """No draft is the default for one sequence and at every N the per-batch stage measured."""
+        return self.no_draft and all(row.choice.tree is None for row in self.batch)
+
+    @property
+    def recorded_spin(self) -> str | None:
+        """The policy the ``tuned`` record keeps, which the runtime opens with: the one the stages ran with, or, where
+        the artifact decodes plainly at every batch size measured, the spin stage's fastest for plain decoding (no
+        draft runs by default there: its target calls are all there is)."""
+        ok = [r for r in self.spin_rows if r.lossless]
+        if ok and self.plain_everywhere:
+            return max(ok, key=lambda r: r.no_draft_tok_s).spin
+        return self.spin
+
+    @property
     def batch_lossless(self) -> bool:
         return all(c.lossless for row in self.batch for c in row.candidates)
 
@@ -430,7 +450,8 @@ class TuneReport:
                 "refine": self.refine, "skipped": dict(self.skipped), "settings": [r.to_dict() for r in self.rows],
                 "lossless": not self.lossy, "previous": self.previous.to_dict(),
                 "winner": None if w is None else w.to_dict(), "batch": [row.to_dict() for row in self.batch],
-                "spin": self.spin, "spin_stage": [r.to_dict() for r in self.spin_rows],
+                "spin": self.spin, "recorded_spin": self.recorded_spin,
+                "spin_stage": [r.to_dict() for r in self.spin_rows],
                 "min_speedup": self.min_speedup, "no_draft": self.no_draft, "thresholds": list(self.thresholds),
                 "batch_trees": None if self.batch_table is None else self.batch_table.to_list(),
                 "as_run": None if self.as_run is None else self.as_run.to_dict()}
@@ -455,6 +476,11 @@ class TuneReport:
             lines.append("spin policy (the default tree, EAGLE tokens/s; docs/runtime.md, Threading): " + "; ".join(
                 f"{r.spin} {r.eagle_tok_s:.1f}" + ("" if r.lossless else " LOSSY") for r in self.spin_rows)
                 + f" -> {self.spin}")
+            if self.recorded_spin != self.spin:
+                lines.append("no draft at every batch size: the record keeps the spin policy fastest for plain "
+                             "decoding (no-draft tokens/s: " + "; ".join(
+                                 f"{r.spin} {r.no_draft_tok_s:.1f}" for r in self.spin_rows if r.lossless)
+                             + f") -> {self.recorded_spin}")
         if self.skipped:
             lines.append("skipped grid combinations: " + "; ".join(f"{n} ({why})" for why, n in self.skipped.items()))
         w = self.winner
@@ -710,7 +736,7 @@ def write_winner(artifact: str | Path, report: TuneReport) -> Manifest:
         ranked_by=RANKED_BY, tau=w.tau, eagle_tok_s=w.eagle_tok_s, no_draft_tok_s=w.no_draft_tok_s,
         speedup=w.speedup, settings=len(report.rows), prompts=report.prompts, max_new_tokens=report.max_new_tokens,
         repeats=report.repeats, tuned_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        eagle_export=__version__, spin=report.spin,
+        eagle_export=__version__, spin=report.recorded_spin,
         speedup_as_run=None if report.as_run is None or report.as_run.tree != w.tree else report.as_run.speedup)
     # No table: the winner is the default at every batch size, so an older table (whose row for 1 was the old
     # winner, or no draft) goes.
